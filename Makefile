@@ -1,0 +1,30 @@
+# One-command set-up: a virtualenv with the CPU torch wheel, then ablate and its test extra.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+# CPU wheel by default; GPU users: make TORCH_SPEC="torch==2.13.0" TORCH_INDEX=https://download.pytorch.org/whl/cu128
+TORCH_SPEC  ?= torch==2.13.0
+TORCH_INDEX ?=
+
+.PHONY: setup run test lint clean
+
+$(BIN)/ablate: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install -q -e ".[test]"
+	touch $(BIN)/ablate
+
+setup: $(BIN)/ablate
+
+run: setup
+	$(BIN)/ablate run batch_vs_dim
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+lint: setup
+	$(BIN)/ruff check ablate tests
+
+clean:
+	rm -rf $(VENV)

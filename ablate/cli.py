@@ -1,0 +1,208 @@
+"""`ablate` command line: a thin layer that parses arguments and calls the Python API."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ablate.config import ConfigError, RunConfig, parse_assignments
+
+__all__ = ["main"]
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    """A plain fixed-width text table."""
+    if not rows:
+        return "(no rows)"
+    cols = list(rows[0])
+    text = [[str("" if r.get(c) is None else r.get(c)) for c in cols] for r in rows]
+    widths = [max(len(c), *(len(t[i]) for t in text)) for i, c in enumerate(cols)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths)), "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(t, widths)) for t in text]
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------- train
+def cmd_train(args: argparse.Namespace) -> int:
+    from ablate.experiment import Experiment
+
+    config = RunConfig.build(parse_assignments(args.set or []), "--set")
+    steps = args.steps or config.max_steps
+    exp = Experiment(config)
+    print(f"# ablate train: d={config.latent_dim} batch={config.batch_size} loss={config.loss} "
+          f"Λ={config.concentration} steps={steps} device={exp.device}", flush=True)
+    started = time.time()
+    while exp.step < steps:
+        n = min(config.report_every, steps - exp.step)
+        m = exp.train(n)
+        m.update(exp.evaluate())
+        blocks = " ".join(f"{k}={v:.3f}" for k, v in m.items() if k.startswith("r2_lambda_"))
+        print(f"step={m['step']} loss={m['loss']:.4f} r2={m['r2']:.4f} {blocks} mcc={m['mcc']:.3f} "
+              f"elapsed={time.time() - started:.1f}s", flush=True)
+    return 0
+
+
+# ------------------------------------------------------------ list / show
+def cmd_list(args: argparse.Namespace) -> int:
+    from ablate.grids import SCALES, known_grids, load_grid
+
+    rows = []
+    for name in known_grids():
+        row: dict[str, Any] = {"grid": name}
+        for scale in SCALES:
+            grid = load_grid(name, scale)
+            row[f"trials@{scale}"] = grid.n_trials
+            row["figure"] = grid.figure
+        rows.append({k: row[k] for k in ["grid", *[f"trials@{s}" for s in SCALES], "figure"]})
+    print(_table(rows))
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from ablate.grids import load_grid
+
+    grid = load_grid(args.grid, args.scale)
+    print(f"grid: {grid.name}  (scale {grid.scale}, file {grid.path})")
+    print(f"figure: {grid.figure}")
+    print(f"description: {grid.description.strip()}")
+    print(f"search: {grid.search}; trials: {grid.n_trials}; cost: {grid.cost_steps():,} trial-samples")
+    print("base:")
+    for k, v in grid.base.items():
+        print(f"  {k}: {v}")
+    print(f"stop: {grid.stop}")
+    if grid.axes:
+        print("axes:")
+        for k, v in grid.axes.items():
+            print(f"  {k}: {v}")
+    if grid.variants:
+        print("variants:")
+        for v in grid.variants:
+            print(f"  {v}")
+    if grid.optuna:
+        print(f"optuna: {grid.optuna}")
+    print(f"seeds: {grid.seeds}")
+    for c in grid.chosen:
+        print(f"chosen: {c}")
+    return 0
+
+
+# ------------------------------------------------------------------- run
+def cmd_run(args: argparse.Namespace) -> int:
+    from ablate.grids import load_grid
+    from ablate.runner import auth_hint, run_grid, summary_rows
+
+    grid = load_grid(args.grid, args.scale)
+    if args.set:
+        overrides = parse_assignments(args.set)
+        from ablate.grids import GridError
+
+        for k in overrides:
+            if k not in RunConfig.model_fields:
+                raise GridError(f"--set {k}: unknown setting; allowed: {', '.join(sorted(RunConfig.model_fields))}")
+        stop_keys = {k: overrides.pop(k) for k in list(overrides) if k in ("max_steps", "target_r2")}
+        grid.base.update(overrides)
+        grid.stop.update(stop_keys)
+        for k in overrides:
+            grid.axes.pop(k, None)
+        grid.trials  # re-validate with the overrides  # noqa: B018
+
+    def announce(run_dir: str, url: str | None) -> None:
+        print(f"run: {run_dir}")
+        print(f"grid: {grid.name} at scale {grid.scale}: {grid.n_trials} trials")
+        print(f"dashboard: {url or 'not available'}  ({auth_hint()})", flush=True)
+
+    outcome = run_grid(
+        grid, storage=args.storage, name=args.name, address=args.address, cpus_per_trial=args.cpus_per_trial,
+        gpus_per_trial=args.gpus_per_trial, max_concurrent=args.max_concurrent, resume=args.resume,
+        keep_checkpoints=args.keep_checkpoints, max_failures=args.max_failures, tensorboard=args.tensorboard,
+        verbose=args.verbose, on_start=announce,
+    )
+    rows = summary_rows(outcome)
+    print(f"\nsummary ({len(rows)} trials, {outcome.wall_s:.1f} s):")
+    print(_table(sorted(rows, key=lambda r: [str(r[k]) for k in grid.axis_names()])))
+    if outcome.best_config:
+        print(f"\nbest configuration ({outcome.best_config['metric']}={outcome.best_config['value']}): "
+              f"{json.dumps(outcome.best_config['config'], default=str)}  (saved to {outcome.run_dir}/best_config.json)")
+    print(f"\nrun directory: {outcome.run_dir}")
+    if outcome.failed:
+        print(f"{len(outcome.failed)} trial(s) did not finish:", file=sys.stderr)
+        for t in outcome.failed:
+            print(f"  {t.trial_id} [{t.label}]: {t.error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from ablate.status import run_status
+
+    info = run_status(args.run_dir)
+    print(f"run: {args.run_dir}  grid: {info['grid']} ({info['scale']})")
+    print("  ".join(f"{k}: {v}" for k, v in info["counts"].items()))
+    print(_table(info["trials"]))
+    return 0
+
+
+# ------------------------------------------------------------------ main
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every subcommand."""
+    p = argparse.ArgumentParser(prog="ablate", description="Identifiability ablations of contrastive learning.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    t = sub.add_parser("train", help="train one experiment without Ray, one line per report")
+    t.add_argument("--set", nargs="*", metavar="KEY=VALUE", help="RunConfig fields, e.g. latent_dim=10")
+    t.add_argument("--steps", type=int, help="steps to train (default: max_steps)")
+    t.set_defaults(func=cmd_train)
+
+    sub.add_parser("list", help="every grid with its figure and trial counts").set_defaults(func=cmd_list)
+
+    s = sub.add_parser("show", help="a grid's resolved settings and axes")
+    s.add_argument("grid")
+    s.add_argument("--scale", default="laptop", choices=["smoke", "laptop", "paper"])
+    s.set_defaults(func=cmd_show)
+
+    r = sub.add_parser("run", help="run a grid through Ray Tune")
+    r.add_argument("grid", help="a grid name (see `ablate list`) or a path to a grid YAML file")
+    r.add_argument("--scale", default="laptop", choices=["smoke", "laptop", "paper"])
+    r.add_argument("--storage", default="runs", help="folder or URI (s3://, gs://) holding runs (default: ./runs)")
+    r.add_argument("--name", help="run name (default: <grid>-<scale>)")
+    r.add_argument("--set", nargs="*", metavar="KEY=VALUE", help="override a setting for every trial")
+    r.add_argument("--address", help="join an existing Ray cluster: auto or ray://host:10001")
+    r.add_argument("--cpus-per-trial", type=float, default=1)
+    r.add_argument("--gpus-per-trial", type=float, default=0, help="fractions pack trials onto one GPU")
+    r.add_argument("--max-concurrent", type=int, help="cap on trials running at once")
+    r.add_argument("--resume", action="store_true", help="continue an interrupted run")
+    r.add_argument("--keep-checkpoints", type=int, default=2)
+    r.add_argument("--max-failures", type=int, default=2, help="retries of a failed trial from its checkpoint")
+    r.add_argument("--tensorboard", action="store_true", help="also write TensorBoard event files")
+    r.add_argument("--verbose", type=int, default=1, choices=[0, 1, 2, 3])
+    r.set_defaults(func=cmd_run)
+
+    st = sub.add_parser("status", help="trials finished / running / errored / pending of a run")
+    st.add_argument("run_dir")
+    st.set_defaults(func=cmd_status)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `ablate` console script."""
+    from ablate.dgp import LowAcceptanceError
+    from ablate.grids import GridError
+    from ablate.runner import RunError
+
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except (ConfigError, GridError, RunError, LowAcceptanceError) as exc:
+        print(f"ablate: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("ablate: interrupted; continue with --resume", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

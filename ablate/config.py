@@ -1,0 +1,262 @@
+"""One typed, validated configuration per run (`RunConfig`), shared by the CLI, Trainable and reports.
+
+Defaults follow the public reference implementation (Zimmermann et al. 2021 / Rusak et al. 2024):
+d = 10, batch 1000, Adam with lr 1e-4 (encoder) and 1e-3 (Λ̂), rejection threshold 0.1, a report every
+250 steps, 4096 evaluation samples.
+
+Λ ("concentration") can be given as
+- a number: the same Λ in every dimension;
+- a list of length ``latent_dim``;
+- a named pattern: ``{"blocks": [5, 25]}`` (equal blocks, here 5 then 25), ``"5/25"`` (the same),
+  or ``{"linspace": [5, 50]}`` (linearly spaced from 5 to 50).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+__all__ = ["ConfigError", "FaultSpec", "LOSSES", "RunConfig", "resolve_concentration", "parse_assignments"]
+
+#: Loss names a config may use.
+LOSSES = ("aninfonce", "infonce", "ensemble_aninfonce", "tricl")
+
+ConcentrationSpec = float | list[float] | str | dict[str, list[float]]
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names the field and what is allowed."""
+
+
+def resolve_concentration(spec: ConcentrationSpec, d: int, field: str = "concentration") -> list[float]:
+    """Expand a Λ spec (number, list, ``"a/b"``, ``{"blocks": [...]}``, ``{"linspace": [lo, hi]}``) to d values."""
+    if isinstance(spec, bool):
+        raise ConfigError(f"{field}: expected a number, a list of {d} numbers or a pattern, got {spec!r}")
+    if isinstance(spec, int | float):
+        values = [float(spec)] * d
+    elif isinstance(spec, str):
+        try:
+            blocks = [float(p) for p in spec.split("/")]
+        except ValueError:
+            raise ConfigError(f"{field}: pattern {spec!r} is not of the form 'a/b[/c…]' (e.g. '5/25')") from None
+        values = _blocks(blocks, d, field)
+    elif isinstance(spec, list):
+        if len(spec) != d:
+            raise ConfigError(f"{field}: a list of Λ must have latent_dim={d} entries, got {len(spec)}")
+        values = [float(v) for v in spec]
+    elif isinstance(spec, dict):
+        if set(spec) == {"blocks"}:
+            values = _blocks([float(v) for v in spec["blocks"]], d, field)
+        elif set(spec) == {"linspace"}:
+            lo_hi = spec["linspace"]
+            if len(lo_hi) != 2:
+                raise ConfigError(f"{field}.linspace: expected [low, high], got {lo_hi!r}")
+            lo, hi = float(lo_hi[0]), float(lo_hi[1])
+            values = [lo + (hi - lo) * i / (d - 1) for i in range(d)]
+        else:
+            raise ConfigError(f"{field}: unknown pattern keys {sorted(spec)}; allowed: 'blocks' or 'linspace'")
+    else:
+        raise ConfigError(f"{field}: expected a number, a list of {d} numbers or a pattern, got {spec!r}")
+    bad = [v for v in values if not v > 0]
+    if bad:
+        raise ConfigError(f"{field}: Λ must be > 0 in every dimension, got {bad[0]:g}")
+    return values
+
+
+def _blocks(blocks: list[float], d: int, field: str) -> list[float]:
+    if not blocks:
+        raise ConfigError(f"{field}.blocks: needs at least one value")
+    if d % len(blocks):
+        raise ConfigError(f"{field}.blocks: latent_dim={d} does not split into {len(blocks)} equal blocks")
+    size = d // len(blocks)
+    return [v for v in blocks for _ in range(size)]
+
+
+class FaultSpec(BaseModel):
+    """Test-only fault injection: raise once the trial passes ``at_step``, ``times`` times per trial."""
+
+    model_config = ConfigDict(extra="forbid")
+    at_step: int = Field(ge=1, description="raise when training passes this step")
+    times: int = Field(default=1, ge=1, description="how many times (across retries) the fault fires")
+
+
+class RunConfig(BaseModel):
+    """Everything that defines one synthetic training run. Every field has a documented default."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    # --- randomness
+    seed: int = Field(default=0, description="seed for encoder init, Λ̂ init, training data and evaluation")
+    generator_seed: int | None = Field(
+        default=None, description="seed of the generator g; None = use `seed`. Fix it to share one g across trials"
+    )
+
+    # --- data generating process
+    latent_dim: int = Field(default=10, ge=2, description="latent dimension d (latents on S^(d-1))")
+    concentration: ConcentrationSpec = Field(
+        default="5/25",
+        description="Λ of the positive conditional: number, list of d, 'a/b', {blocks: [...]}, {linspace: [lo, hi]}",
+    )
+    conditional: Literal["normal", "vmf"] = Field(
+        default="normal", description="positive conditional: projected normal N(0, Λ⁻¹) or von Mises–Fisher(κ)"
+    )
+    kappa: float = Field(default=1.0, gt=0, description="vMF concentration κ (conditional = 'vmf' only)")
+    threshold: float | None = Field(
+        default=0.1, gt=0, description="reject draws with |‖z+ε‖−1| ≥ threshold (reference: 0.1); null = none"
+    )
+    negative_concentration: ConcentrationSpec | None = Field(
+        default=None, description="Λ⁻ of hard negatives (Cor. B.1); null = no hard negatives"
+    )
+    n_hard_negatives: int = Field(default=0, ge=0, description="hard negatives per sample (needs Λ⁻)")
+    hard_negatives_from_step: int = Field(
+        default=0, ge=0, description="use hard negatives only from this step on (fine-tuning, Fig. 10B)"
+    )
+    batch_negatives: bool = Field(
+        default=True, description="with hard negatives, also use the other 2B−2 batch encodings as negatives"
+    )
+    ensemble: list[ConcentrationSpec] | None = Field(
+        default=None, description="Λⁱ of k DGPs sharing g (Cor. B.2); needs loss 'ensemble_aninfonce'"
+    )
+
+    # --- generator g
+    generator_layers: int = Field(default=3, ge=1, description="linear layers of g")
+    generator_cond_quantile: float = Field(
+        default=0.25, gt=0, lt=1, description="quantile of random condition numbers a layer must beat"
+    )
+    generator_cond_samples: int = Field(default=10_000, ge=10, description="random draws behind that quantile")
+
+    # --- encoder f
+    encoder_widths: list[int] = Field(
+        default=[10, 50, 50, 50, 50, 10], description="hidden widths as multiples of d (reference: 10,50,50,50,50,10)"
+    )
+    normalize_output: bool = Field(default=True, description="L2-normalise the encoder output")
+
+    # --- loss
+    loss: Literal["aninfonce", "infonce", "ensemble_aninfonce", "tricl"] = Field(
+        default="aninfonce", description="training loss"
+    )
+    tau: float = Field(default=1.0, gt=0, description="InfoNCE temperature τ")
+    fixed_lambda_hat: float | list[float] | None = Field(
+        default=None, description="hold Λ̂ at this value instead of learning it (e.g. Fig. 10A sweeps)"
+    )
+    lambda_hat_init_std: float = Field(default=0.1, ge=0, description="θ₀ ~ N(0, std²), Λ̂ = softplus(θ)")
+    tricl_decorrelation: float = Field(default=1.0, ge=0, description="weight of TriCL's decorrelation penalty")
+
+    # --- optimisation
+    batch_size: int = Field(default=1000, ge=2, description="samples per step (each gives two views)")
+    lr: float = Field(default=1e-4, gt=0, description="Adam learning rate of the encoder")
+    lr_lambda: float = Field(default=1e-3, gt=0, description="Adam learning rate of Λ̂ (and TriCL's S)")
+    lr_schedule: Literal["constant", "cosine"] = Field(
+        default="constant", description="learning-rate schedule over max_steps (both groups)"
+    )
+    warmup_steps: int = Field(default=0, ge=0, description="linear warm-up steps before the schedule")
+
+    # --- budget and reporting
+    max_steps: int = Field(default=10_000, ge=1, description="training steps of the run (the stop rule)")
+    report_every: int = Field(default=250, ge=1, description="steps per report (one Ray Tune iteration)")
+    eval_samples: int = Field(default=4096, ge=16, description="samples in each of the R² fit and score sets")
+    target_r2: float | None = Field(default=None, gt=0, le=1, description="stop early once R² reaches this")
+
+    # --- execution
+    device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="'auto' = cuda when available")
+    dtype: Literal["float32", "float64"] = Field(default="float32", description="training dtype")
+    fault: FaultSpec | None = Field(default=None, description="test-only: inject an exception (fault tests)")
+
+    @field_validator("concentration", "negative_concentration", mode="before")
+    @classmethod
+    def _numbers_are_floats(cls, v: Any) -> Any:
+        return float(v) if isinstance(v, int) and not isinstance(v, bool) else v
+
+    @model_validator(mode="after")
+    def _check(self) -> RunConfig:
+        d = self.latent_dim
+        resolve_concentration(self.concentration, d, "concentration")
+        if self.negative_concentration is not None:
+            resolve_concentration(self.negative_concentration, d, "negative_concentration")
+            if self.n_hard_negatives < 1:
+                raise ConfigError("n_hard_negatives: must be >= 1 when negative_concentration is set")
+            if self.loss != "aninfonce":
+                raise ConfigError(f"loss: hard negatives need loss 'aninfonce', got {self.loss!r}")
+        elif self.n_hard_negatives:
+            raise ConfigError("negative_concentration: required when n_hard_negatives > 0")
+        if self.loss == "ensemble_aninfonce":
+            if not self.ensemble or len(self.ensemble) < 2:
+                raise ConfigError("ensemble: loss 'ensemble_aninfonce' needs a list of at least 2 Λ specs")
+            for i, spec in enumerate(self.ensemble):
+                resolve_concentration(spec, d, f"ensemble[{i}]")
+        elif self.ensemble is not None:
+            raise ConfigError(f"ensemble: only used with loss 'ensemble_aninfonce', got loss {self.loss!r}")
+        if self.fixed_lambda_hat is not None:
+            if self.loss != "aninfonce":
+                raise ConfigError("fixed_lambda_hat: only applies to loss 'aninfonce'")
+            resolve_concentration(self.fixed_lambda_hat, d, "fixed_lambda_hat")
+        if not self.encoder_widths or min(self.encoder_widths) < 1:
+            raise ConfigError(f"encoder_widths: need positive multipliers, got {self.encoder_widths}")
+        return self
+
+    # --- derived values
+    @property
+    def lambda_true(self) -> list[float]:
+        """Λ's diagonal (d values); for an ensemble, that of the first DGP."""
+        if self.ensemble:
+            return resolve_concentration(self.ensemble[0], self.latent_dim)
+        return resolve_concentration(self.concentration, self.latent_dim)
+
+    @property
+    def lambda_ensemble(self) -> list[list[float]]:
+        """Λⁱ of every DGP (one entry when there is no ensemble)."""
+        if self.ensemble:
+            return [resolve_concentration(s, self.latent_dim, f"ensemble[{i}]") for i, s in enumerate(self.ensemble)]
+        return [self.lambda_true]
+
+    @property
+    def lambda_negative(self) -> list[float] | None:
+        """Λ⁻'s diagonal, or None without hard negatives."""
+        if self.negative_concentration is None:
+            return None
+        return resolve_concentration(self.negative_concentration, self.latent_dim, "negative_concentration")
+
+    @property
+    def effective_generator_seed(self) -> int:
+        """The seed g is built from."""
+        return self.seed if self.generator_seed is None else self.generator_seed
+
+    @classmethod
+    def build(cls, values: dict[str, Any], source: str = "config") -> RunConfig:
+        """Validate ``values``; any error becomes a :class:`ConfigError` naming ``source``, field and rule."""
+        try:
+            return cls(**values)
+        except ValidationError as exc:
+            raise ConfigError(f"{source}: " + _describe(exc)) from None
+        except ConfigError as exc:
+            raise ConfigError(f"{source}: {exc}") from None
+
+
+def _describe(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-after")) or "config"
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = f"unknown key; allowed keys: {', '.join(sorted(RunConfig.model_fields))}"
+        elif "ctx" in err and "error" in err["ctx"]:
+            msg = str(err["ctx"]["error"])
+        if err["type"] == "extra_forbidden" or loc == "config":
+            parts.append(msg if loc == "config" else f"{loc}: {msg}")
+        else:
+            parts.append(f"{loc}: {msg} (got {err.get('input')!r})")
+    return "; ".join(parts)
+
+
+def parse_assignments(items: list[str]) -> dict[str, Any]:
+    """Parse ``key=value`` strings (values as YAML scalars/lists) into a dict for ``RunConfig``."""
+    import yaml
+
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--set {item!r}: expected key=value")
+        out[key.strip()] = yaml.safe_load(raw)
+    return out

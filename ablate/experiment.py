@@ -1,0 +1,315 @@
+"""One synthetic training run: build from a `RunConfig`, `train(n_steps)`, `evaluate()`, save and resume.
+
+The state (`state_dict`) holds the encoder, Λ̂, the optimiser, the step count and the training data's
+random generator, so training 500 steps equals training 250, saving, loading and training 250 more,
+to the last bit on the CPU. Evaluation draws its samples from a generator seeded by (seed, step), so
+evaluating never disturbs training and the same checkpoint always evaluates to the same numbers.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ablate import dgp, metrics
+from ablate.config import RunConfig, resolve_concentration
+from ablate.encoder import Encoder, init_encoder_
+from ablate.generator import build_generator
+from ablate.losses import AnInfoNCE, EnsembleAnInfoNCE, HardNegativeAnInfoNCE, InfoNCE, TriCL
+
+__all__ = ["Experiment", "NonFiniteLossError", "build_loss", "resolve_device"]
+
+#: Fixed offsets so the data and evaluation streams never coincide with the init stream.
+_DATA_STREAM = 1_000_003
+_EVAL_STREAM = 2_000_003
+#: Anchors used for the similarity histograms (n² pairs).
+_OVERLAP_SAMPLES = 1000
+
+
+class NonFiniteLossError(FloatingPointError):
+    """The training loss became NaN or infinite; the message names the step."""
+
+
+def resolve_device(name: str) -> torch.device:
+    """'auto' → cuda when available, else cpu; 'cuda' without a GPU is an error."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("device 'cuda' requested but torch.cuda.is_available() is False")
+    return torch.device(name)
+
+
+def build_loss(config: RunConfig, generator: torch.Generator) -> torch.nn.Module:
+    """The training loss named by the config (a fresh module, Λ̂ initialised from ``generator``)."""
+    d, std = config.latent_dim, config.lambda_hat_init_std
+    fixed = None
+    if config.fixed_lambda_hat is not None:
+        fixed = resolve_concentration(config.fixed_lambda_hat, d, "fixed_lambda_hat")
+    if config.loss == "infonce":
+        return InfoNCE(config.tau)
+    if config.loss == "tricl":
+        return TriCL(d, decorrelation=config.tricl_decorrelation, init_std=std, generator=generator)
+    if config.loss == "ensemble_aninfonce":
+        return EnsembleAnInfoNCE(d, len(config.lambda_ensemble), init_std=std, generator=generator)
+    if config.negative_concentration is not None:
+        return HardNegativeAnInfoNCE(
+            d, fixed, batch_negatives=config.batch_negatives, init_std=std, generator=generator
+        )
+    return AnInfoNCE(d, fixed, init_std=std, generator=generator)
+
+
+class Experiment:
+    """One run of the synthetic DGP → encoder → contrastive loss pipeline.
+
+    Attributes:
+        config: the validated run configuration.
+        generator: the frozen generator g.
+        encoder: the trained encoder f.
+        loss: the loss module (holds Λ̂ as an nn.Parameter where it is learned).
+        step: training steps done.
+    """
+
+    def __init__(self, config: RunConfig):
+        self.config = config
+        self.device = resolve_device(config.device)
+        self.dtype = getattr(torch, config.dtype)
+        d = config.latent_dim
+        init_rng = torch.Generator().manual_seed(config.seed)
+        self.generator = build_generator(
+            d,
+            n_layers=config.generator_layers,
+            seed=config.effective_generator_seed,
+            cond_quantile=config.generator_cond_quantile,
+            n_cond_samples=config.generator_cond_samples,
+        ).to(self.device, self.dtype)
+        self.encoder = Encoder(d, d, config.encoder_widths, normalize=config.normalize_output)
+        init_encoder_(self.encoder, init_rng)
+        self.encoder.to(self.device, self.dtype)
+        self.loss = build_loss(config, init_rng).to(self.device, self.dtype)
+        groups = [{"params": list(self.encoder.parameters()), "lr": config.lr, "base_lr": config.lr}]
+        loss_params = [p for p in self.loss.parameters() if p.requires_grad]
+        if loss_params:
+            groups.append({"params": loss_params, "lr": config.lr_lambda, "base_lr": config.lr_lambda})
+        self.optimizer = torch.optim.Adam(groups)
+        self.data_rng = torch.Generator(device=self.device).manual_seed(config.seed + _DATA_STREAM)
+        self.step = 0
+        self._lambdas = [torch.tensor(lam, device=self.device, dtype=self.dtype) for lam in config.lambda_ensemble]
+        neg = config.lambda_negative
+        self._lambda_neg = None if neg is None else torch.tensor(neg, device=self.device, dtype=self.dtype)
+
+    # ------------------------------------------------------------------ data
+    def _positive(self, z: Tensor, lam: Tensor, rng: torch.Generator) -> Tensor:
+        if self.config.conditional == "vmf":
+            return dgp.sample_vmf(z, self.config.kappa, generator=rng)
+        return dgp.sample_conditional(z, lam, threshold=self.config.threshold, generator=rng)
+
+    def sample_latents(self, n: int, rng: torch.Generator, *, hard_negatives: bool) -> dict[str, Any]:
+        """Draw one batch of latents: anchors and positives per DGP, and hard negatives if asked.
+
+        Returns ``{"pairs": [(z, z⁺), …], "negatives": (n, M, d) or None}``.
+        """
+        d = self.config.latent_dim
+        pairs = []
+        for lam in self._lambdas:
+            z = dgp.sample_uniform(n, d, generator=rng, device=self.device, dtype=self.dtype)
+            pairs.append((z, self._positive(z, lam, rng)))
+        negatives = None
+        if hard_negatives and self._lambda_neg is not None:
+            negatives = dgp.sample_hard_negatives(
+                pairs[0][0], self._lambda_neg, self.config.n_hard_negatives, threshold=self.config.threshold,
+                generator=rng,
+            )
+        return {"pairs": pairs, "negatives": negatives}
+
+    def _hard_negatives_active(self, step: int) -> bool:
+        return self._lambda_neg is not None and step >= self.config.hard_negatives_from_step
+
+    def encode(self, z: Tensor) -> Tensor:
+        """ẑ = f(g(z)). Shape: ``(..., d) -> (..., d)``."""
+        return self.encoder(self.generator(z))
+
+    def compute_loss(self, latents: dict[str, Any], loss: torch.nn.Module | None = None) -> Tensor:
+        """The loss of one batch of latents, encoding every view in one pass through f∘g."""
+        loss = self.loss if loss is None else loss
+        pairs, negatives = latents["pairs"], latents["negatives"]
+        n, d = pairs[0][0].shape
+        chunks = [t for pair in pairs for t in pair]
+        if negatives is not None:
+            chunks.append(negatives.reshape(-1, d))
+        h = self.encode(torch.cat(chunks))
+        views = list(h[: 2 * n * len(pairs)].split(n))
+        view_pairs = [(views[2 * i], views[2 * i + 1]) for i in range(len(pairs))]
+        if isinstance(loss, EnsembleAnInfoNCE):
+            return loss(view_pairs)
+        h1, h2 = view_pairs[0]
+        if negatives is not None:
+            return loss(h1, h2, h[2 * n :].view(n, -1, d))
+        if isinstance(loss, HardNegativeAnInfoNCE):
+            return AnInfoNCE.forward(loss, h1, h2)
+        return loss(h1, h2)
+
+    # -------------------------------------------------------------- training
+    def _lr_factor(self, step: int) -> float:
+        cfg = self.config
+        if step < cfg.warmup_steps:
+            return (step + 1) / cfg.warmup_steps
+        if cfg.lr_schedule == "cosine":
+            span = max(cfg.max_steps - cfg.warmup_steps, 1)
+            progress = min((step - cfg.warmup_steps) / span, 1.0)
+            return 0.5 * (1.0 + math.cos(math.pi * progress))
+        return 1.0
+
+    def train(self, n_steps: int) -> dict[str, float]:
+        """Run ``n_steps`` optimisation steps; return the mean training loss and the step count.
+
+        Raises:
+            NonFiniteLossError: the loss became NaN/inf (the message names the first such step).
+        """
+        self.encoder.train()
+        losses = torch.empty(n_steps, device=self.device, dtype=self.dtype)
+        for i in range(n_steps):
+            factor = self._lr_factor(self.step)
+            for group in self.optimizer.param_groups:
+                group["lr"] = group["base_lr"] * factor
+            latents = self.sample_latents(
+                self.config.batch_size, self.data_rng, hard_negatives=self._hard_negatives_active(self.step)
+            )
+            loss = self.compute_loss(latents)
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            self.optimizer.step()
+            losses[i] = loss.detach()
+            self.step += 1
+        finite = torch.isfinite(losses)
+        if not bool(finite.all()):
+            bad = int((~finite).nonzero()[0, 0])
+            first_step = self.step - n_steps + bad + 1
+            raise NonFiniteLossError(
+                f"loss became {float(losses[bad])} at step {first_step} "
+                f"(seed {self.config.seed}); lower the learning rates or check Λ"
+            )
+        return {
+            "step": self.step,
+            "samples_seen": self.step * self.config.batch_size,
+            "loss": float(losses.mean()) if n_steps else float("nan"),
+            "lr": self.optimizer.param_groups[0]["lr"],
+        }
+
+    # ------------------------------------------------------------ evaluation
+    def lambda_hat(self) -> Tensor | None:
+        """The current Λ̂ (``(d,)``; ``(k, d)`` for an ensemble; TriCL's S), or None for InfoNCE."""
+        lam = getattr(self.loss, "lambda_hat", None)
+        return None if lam is None else lam.detach()
+
+    def _floor_loss(self) -> torch.nn.Module | None:
+        cfg = self.config
+        d = cfg.latent_dim
+        if cfg.loss == "infonce":
+            return self.loss
+        if cfg.loss == "tricl":
+            return None
+        if cfg.loss == "ensemble_aninfonce":
+            return torch.nn.ModuleList(AnInfoNCE(d, lam) for lam in self._lambdas)
+        lam = self._lambdas[0]
+        if self._lambda_neg is not None and self._hard_negatives_active(self.step):
+            return HardNegativeAnInfoNCE(d, (lam - self._lambda_neg).clamp_min(1e-6), batch_negatives=cfg.batch_negatives)
+        return AnInfoNCE(d, lam)
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, Any]:
+        """Metrics on fresh samples: R² (overall, per dim, per Λ block), MCC, Λ̂, loss vs floor, overlap."""
+        cfg = self.config
+        self.encoder.eval()
+        d = cfg.latent_dim
+        rng = torch.Generator(device=self.device).manual_seed(cfg.seed * 7919 + _EVAL_STREAM + self.step)
+        n = cfg.eval_samples
+        z_fit = dgp.sample_uniform(n, d, generator=rng, device=self.device, dtype=self.dtype)
+        z_eval = dgp.sample_uniform(n, d, generator=rng, device=self.device, dtype=self.dtype)
+        h_fit, h_eval = self.encode(z_fit), self.encode(z_eval)
+        out: dict[str, Any] = {}
+        r2 = metrics.linear_r2(h_fit, z_fit, h_eval, z_eval)
+        out["r2"] = r2["r2"]
+        for i, v in enumerate(r2["r2_per_dim"]):
+            out[f"r2_dim_{i}"] = v
+        for lam, v in metrics.r2_per_block(r2["r2_per_dim"], cfg.lambda_true).items():
+            out[f"r2_lambda_{lam:g}"] = v
+        out["mcc"] = metrics.mcc(h_eval, z_eval)
+
+        latents = self.sample_latents(cfg.batch_size, rng, hard_negatives=self._hard_negatives_active(self.step))
+        out["eval_loss"] = float(self.compute_loss(latents))
+        floor = self._floor_loss()
+        if floor is not None:
+            floor = floor.to(self.device, self.dtype)
+            out["loss_floor"] = float(self._loss_on_true_latents(latents, floor))
+            out["loss_gap"] = out["eval_loss"] - out["loss_floor"]
+
+        lam_hat = self.lambda_hat()
+        if lam_hat is not None:
+            flat = lam_hat.reshape(-1, d)
+            for k, row in enumerate(flat):
+                prefix = "lambda_hat_" if flat.shape[0] == 1 else f"lambda_hat_{k}_"
+                for i, v in enumerate(row.tolist()):
+                    out[f"{prefix}{i}"] = v
+            if cfg.loss != "tricl":
+                truth = cfg.lambda_true
+                if self._lambda_neg is not None:
+                    truth = (self._lambdas[0] - self._lambda_neg).tolist()
+                rec = metrics.lambda_recovery(flat[0], truth)
+                out["lambda_max_rel_error"] = rec["max_rel_error"]
+
+        z_pos_pairs = latents["pairs"][0]
+        m = min(_OVERLAP_SAMPLES, cfg.batch_size)
+        sim = metrics.similarity_overlap(self.encode(z_pos_pairs[0][:m]), self.encode(z_pos_pairs[1][:m]), bins=40)
+        out["sim_pos_mean"] = sim["pos_mean"]
+        out["sim_neg_mean"] = sim["neg_mean"]
+        out["sim_overlap"] = sim["overlap"]
+        out["nn_is_positive"] = sim["nn_is_positive"]
+        out["sim_pos_hist"] = sim["pos_hist"]
+        out["sim_neg_hist"] = sim["neg_hist"]
+        self.encoder.train()
+        return out
+
+    def _loss_on_true_latents(self, latents: dict[str, Any], floor: torch.nn.Module) -> Tensor:
+        pairs, negatives = latents["pairs"], latents["negatives"]
+        if isinstance(floor, torch.nn.ModuleList):  # ensemble: one fixed Λⁱ per DGP
+            return torch.stack([member(z, z_pos) for member, (z, z_pos) in zip(floor, pairs)]).sum()
+        z, z_pos = pairs[0]
+        if negatives is not None and isinstance(floor, HardNegativeAnInfoNCE):
+            return floor(z, z_pos, negatives)
+        return floor(z, z_pos)
+
+    # ----------------------------------------------------------- persistence
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue bit-identically: model, Λ̂, optimiser, step, RNG, config."""
+        return {
+            "step": self.step,
+            "encoder": self.encoder.state_dict(),
+            "loss": self.loss.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "data_rng": self.data_rng.get_state(),
+            "config": self.config.model_dump(mode="json"),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a state from :meth:`state_dict` (loadable with ``torch.load(..., weights_only=True)``)."""
+        saved = RunConfig.model_validate(state["config"])
+        if _science_fields(saved) != _science_fields(self.config):
+            raise ValueError("checkpoint was written by a run with a different configuration")
+        self.encoder.load_state_dict(state["encoder"])
+        self.loss.load_state_dict(state["loss"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        for group in self.optimizer.param_groups:  # base_lr follows the current config
+            group["base_lr"] = self.config.lr if group is self.optimizer.param_groups[0] else self.config.lr_lambda
+        self.data_rng.set_state(state["data_rng"].cpu())
+        self.step = int(state["step"])
+
+
+#: Fields that may differ between a checkpoint and the run loading it (budget, reporting, execution).
+_NON_SCIENCE_FIELDS = {"max_steps", "report_every", "target_r2", "device", "fault", "eval_samples"}
+
+
+def _science_fields(config: RunConfig) -> dict[str, Any]:
+    return {k: v for k, v in config.model_dump(mode="json").items() if k not in _NON_SCIENCE_FIELDS}

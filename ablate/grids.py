@@ -1,0 +1,392 @@
+"""Grids: load and validate `search_spaces/*.yaml`, expand a scale into trials and a Ray param_space.
+
+A grid file holds::
+
+    name: batch_vs_dim                # must match the file name
+    description: ...
+    figure: Rusak et al. 2024, Fig. 4A and 9A
+    base: {RunConfig fields fixed for every trial}
+    axes: {RunConfig field: [values, ...]}   # the Cartesian product is the grid
+    variants: [{name: ..., <RunConfig overrides>}, ...]   # optional: one more axis of bundled settings
+    seeds: [0, 1, 2]
+    stop: {max_steps: N, target_r2: optional}
+    search: grid | optuna            # optuna: see `optuna:` below
+    optuna: {space: {field: {loguniform|uniform: [lo, hi]} | {choice: [...]} | {randint: [lo, hi]}},
+             num_samples: N, metric: r2, mode: max, grace_period: 2, reduction_factor: 2}
+    scales:                          # each overrides any of base/axes/variants/seeds/stop/optuna
+      smoke: {...}                   # seconds: the test suite runs it
+      laptop: {...}                  # the default: minutes on 2 CPU cores
+      paper: {...}                   # the paper's values and budgets
+    chosen: [{key: ..., value: ..., why: ...}]   # values the papers' text does not give
+
+Every error names the file, the key path, the bad value and what is allowed. Nothing here starts Ray.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ablate.config import ConfigError, RunConfig
+
+__all__ = [
+    "GRID_DIR",
+    "SCALES",
+    "Grid",
+    "GridError",
+    "Trial",
+    "expand",
+    "known_grids",
+    "load_grid",
+]
+
+#: The grids shipped with ablate.
+GRID_DIR = Path(__file__).resolve().parent.parent / "search_spaces"
+SCALES = ("smoke", "laptop", "paper")
+DEFAULT_SCALE = "laptop"
+
+_TOP_KEYS = {"name", "description", "figure", "base", "axes", "variants", "seeds", "stop", "search", "optuna",
+             "scales", "chosen", "paper_values"}
+_SCALE_KEYS = {"base", "axes", "variants", "seeds", "stop", "optuna", "description"}
+_STOP_KEYS = {"max_steps", "target_r2"}
+_OPTUNA_KEYS = {"space", "num_samples", "metric", "mode", "grace_period", "reduction_factor", "max_concurrent"}
+_DISTRIBUTIONS = {"uniform", "loguniform", "choice", "randint"}
+#: Keys of a trial's param dict that are not RunConfig fields.
+META_KEYS = ("grid", "scale", "variant", "point")
+
+
+class GridError(ValueError):
+    """A grid file is invalid; the message names the file, the key path and what is allowed."""
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One grid point: its axis values (by YAML name), the variant name, the seed and its RunConfig."""
+
+    point: dict[str, Any]
+    variant: str | None
+    seed: int
+    config: RunConfig
+
+    @property
+    def label(self) -> str:
+        """Short human name, e.g. ``batch_size=512,latent_dim=10,seed=0``."""
+        parts = [f"{k}={_short(v)}" for k, v in self.point.items()]
+        if self.variant:
+            parts.insert(0, self.variant)
+        parts.append(f"seed={self.seed}")
+        return ",".join(parts)
+
+
+def _short(v: Any) -> str:
+    if isinstance(v, dict):
+        return "/".join(f"{x:g}" if isinstance(x, float) else str(x) for vals in v.values() for x in vals)
+    if isinstance(v, list):
+        return "[" + ",".join(_short(x) for x in v) + "]"
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+@dataclass
+class Grid:
+    """A validated grid at one scale."""
+
+    name: str
+    path: Path
+    scale: str
+    description: str
+    figure: str
+    base: dict[str, Any]
+    axes: dict[str, list[Any]]
+    variants: list[dict[str, Any]]
+    seeds: list[int]
+    stop: dict[str, Any]
+    search: str
+    optuna: dict[str, Any] = field(default_factory=dict)
+    chosen: list[dict[str, Any]] = field(default_factory=list)
+    paper_values: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def trials(self) -> list[Trial]:
+        """Every grid point × variant × seed, validated (for Optuna grids: the base point per seed)."""
+        return expand(self)
+
+    @property
+    def n_trials(self) -> int:
+        """Number of trials (Optuna: num_samples)."""
+        if self.search == "optuna":
+            return int(self.optuna["num_samples"])
+        n = len(self.seeds) * max(len(self.variants), 1)
+        for values in self.axes.values():
+            n *= len(values)
+        return n
+
+    def cost_steps(self) -> int:
+        """Upper bound on training steps × batch size summed over trials (trial-samples)."""
+        return sum(t.config.max_steps * t.config.batch_size for t in self.trials) if self.search == "grid" else (
+            self.n_trials * int(self.stop["max_steps"]) * int(self.base.get("batch_size", 1000))
+        )
+
+    def param_space(self) -> dict[str, Any]:
+        """The Ray Tune param_space: base settings plus grid_search axes (or Optuna distributions)."""
+        from ray import tune
+
+        space: dict[str, Any] = {"grid": self.name, "scale": self.scale}
+        space.update(copy.deepcopy(self.base))
+        space.update(self.stop)
+        if self.search == "optuna":
+            space["seed"] = self.seeds[0]
+            for key, dist in self.optuna["space"].items():
+                space[key] = _ray_distribution(key, dist)
+            return space
+        for key, values in self.axes.items():
+            space[key] = tune.grid_search(copy.deepcopy(values))
+        if self.variants:
+            space["variant"] = tune.grid_search(copy.deepcopy(self.variants))
+        space["seed"] = tune.grid_search(list(self.seeds))
+        return space
+
+    def axis_names(self) -> list[str]:
+        """Names of what varies across trials (axes, then 'variant' and 'seed')."""
+        names = list(self.axes) if self.search == "grid" else list(self.optuna.get("space", {}))
+        if self.variants:
+            names.append("variant")
+        return names + ["seed"]
+
+
+def _ray_distribution(key: str, dist: dict[str, Any]):
+    from ray import tune
+
+    (kind, args), = dist.items()
+    if kind == "uniform":
+        return tune.uniform(*args)
+    if kind == "loguniform":
+        return tune.loguniform(*args)
+    if kind == "randint":
+        return tune.randint(args[0], args[1] + 1)
+    return tune.choice(list(args))
+
+
+def config_from_params(params: dict[str, Any], source: str = "trial") -> RunConfig:
+    """Build a RunConfig from a trial's param dict (drops meta keys, merges the variant's overrides)."""
+    values = {k: v for k, v in params.items() if k not in META_KEYS}
+    variant = params.get("variant")
+    if isinstance(variant, dict):
+        values.update({k: v for k, v in variant.items() if k != "name"})
+    return RunConfig.build(values, source)
+
+
+def expand(grid: Grid) -> list[Trial]:
+    """All trials of a grid (validated RunConfigs). Optuna grids expand to their base point per seed."""
+    trials = []
+    keys = list(grid.axes) if grid.search == "grid" else []
+    combos = itertools.product(*(grid.axes[k] for k in keys)) if keys else [()]
+    variants = grid.variants or [None]
+    for combo in combos:
+        point = dict(zip(keys, combo))
+        for variant in variants:
+            for seed in grid.seeds:
+                params = {**grid.base, **grid.stop, **point, "seed": seed}
+                if variant is not None:
+                    params["variant"] = variant
+                where = f"{grid.path}: scale {grid.scale}, point {point}" + (
+                    f", variant {variant['name']}" if variant else ""
+                )
+                trials.append(Trial(point, variant["name"] if variant else None, seed,
+                                    config_from_params(params, where)))
+    return trials
+
+
+def known_grids() -> dict[str, Path]:
+    """Grid name → YAML path for every grid shipped in search_spaces/."""
+    return {p.stem: p for p in sorted(GRID_DIR.glob("*.yaml"))}
+
+
+def resolve_grid_path(name_or_path: str) -> Path:
+    """A shipped grid's name, or a path to a YAML file; unknown names list the known ones."""
+    p = Path(name_or_path)
+    if p.suffix in (".yaml", ".yml") or p.exists():
+        if not p.is_file():
+            raise GridError(f"{p}: no such grid file")
+        return p
+    grids = known_grids()
+    if name_or_path not in grids:
+        raise GridError(f"unknown grid {name_or_path!r}; known grids: {', '.join(grids)} (or give a path to a .yaml file)")
+    return grids[name_or_path]
+
+
+def _err(path: Path, key: str, msg: str) -> GridError:
+    return GridError(f"{path}: {key}: {msg}")
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
+        raise GridError(f"{path}: malformed YAML at {where}: {getattr(exc, 'problem', exc)}") from None
+    except OSError as exc:
+        raise GridError(f"{path}: cannot read: {exc.strerror}") from None
+    if not isinstance(data, dict):
+        raise GridError(f"{path}: the top level must be a mapping of keys ({', '.join(sorted(_TOP_KEYS))})")
+    return data
+
+
+def _check_mapping(path: Path, key: str, value: Any) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise _err(path, key, f"expected a mapping, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _check_fields(path: Path, key: str, mapping: dict[str, Any]) -> None:
+    for k in mapping:
+        if k not in RunConfig.model_fields:
+            raise _err(path, f"{key}.{k}", f"unknown setting; allowed: {', '.join(sorted(RunConfig.model_fields))}")
+
+
+def load_grid(name_or_path: str, scale: str = DEFAULT_SCALE) -> Grid:
+    """Load, validate and resolve one grid at ``scale``. Raises :class:`GridError` on any bad value."""
+    path = resolve_grid_path(name_or_path)
+    data = _read_yaml(path)
+    for k in data:
+        if k not in _TOP_KEYS:
+            raise _err(path, k, f"unknown key; allowed: {', '.join(sorted(_TOP_KEYS))}")
+    if scale not in SCALES:
+        raise _err(path, "scales", f"unknown scale {scale!r}; allowed: {', '.join(SCALES)}")
+    name = data.get("name")
+    if not isinstance(name, str) or not name:
+        raise _err(path, "name", "required: a non-empty string")
+    scales = _check_mapping(path, "scales", data.get("scales"))
+    for s, body in scales.items():
+        if s not in SCALES:
+            raise _err(path, f"scales.{s}", f"unknown scale; allowed: {', '.join(SCALES)}")
+        for k in _check_mapping(path, f"scales.{s}", body):
+            if k not in _SCALE_KEYS:
+                raise _err(path, f"scales.{s}.{k}", f"unknown key; allowed: {', '.join(sorted(_SCALE_KEYS))}")
+    missing = [s for s in SCALES if s not in scales]
+    if missing:
+        raise _err(path, "scales", f"every grid needs the scales {', '.join(SCALES)}; missing {', '.join(missing)}")
+    over = scales.get(scale) or {}
+    pre = f"scales.{scale}."
+
+    base = dict(_check_mapping(path, "base", data.get("base")))
+    base.update(_check_mapping(path, pre + "base", over.get("base")))
+    _check_fields(path, "base", base)
+
+    axes = dict(_check_mapping(path, "axes", data.get("axes")))
+    axes.update(_check_mapping(path, pre + "axes", over.get("axes")))
+    _check_fields(path, "axes", axes)
+    for k, values in axes.items():
+        if not isinstance(values, list):
+            raise _err(path, f"axes.{k}", f"expected a list of values, got {values!r}")
+        if not values:
+            raise _err(path, f"axes.{k}", "empty axis: give at least one value")
+
+    variants = over.get("variants", data.get("variants")) or []
+    if not isinstance(variants, list):
+        raise _err(path, "variants", "expected a list of mappings with a 'name'")
+    names = set()
+    for i, v in enumerate(variants):
+        if not isinstance(v, dict) or not isinstance(v.get("name"), str):
+            raise _err(path, f"variants[{i}]", f"expected a mapping with a string 'name', got {v!r}")
+        if v["name"] in names:
+            raise _err(path, f"variants[{i}].name", f"duplicate variant name {v['name']!r}")
+        names.add(v["name"])
+        _check_fields(path, f"variants[{i}]", {k: x for k, x in v.items() if k != "name"})
+
+    seeds = over.get("seeds", data.get("seeds", [0]))
+    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
+        raise _err(path, "seeds", f"expected a non-empty list of integers, got {seeds!r}")
+
+    stop = dict(_check_mapping(path, "stop", data.get("stop")))
+    stop.update(_check_mapping(path, pre + "stop", over.get("stop")))
+    for k in stop:
+        if k not in _STOP_KEYS:
+            raise _err(path, f"stop.{k}", f"unknown key; allowed: {', '.join(sorted(_STOP_KEYS))}")
+    if "max_steps" not in stop:
+        raise _err(path, "stop.max_steps", "required: the number of training steps per trial")
+    ms = stop["max_steps"]
+    if not isinstance(ms, int) or isinstance(ms, bool) or ms < 1:
+        raise _err(path, "stop.max_steps", f"must be an integer >= 1, got {ms!r}")
+
+    search = data.get("search", "grid")
+    if search not in ("grid", "optuna"):
+        raise _err(path, "search", f"unknown search {search!r}; allowed: grid, optuna")
+    optuna = dict(_check_mapping(path, "optuna", data.get("optuna")))
+    optuna.update(_check_mapping(path, pre + "optuna", over.get("optuna")))
+    if search == "optuna":
+        optuna = _validate_optuna(path, optuna)
+    elif optuna:
+        raise _err(path, "optuna", "only used with search: optuna")
+
+    grid = Grid(
+        name=name,
+        path=path,
+        scale=scale,
+        description=str(over.get("description", data.get("description", ""))),
+        figure=str(data.get("figure", "")),
+        base=base,
+        axes=axes,
+        variants=variants,
+        seeds=seeds,
+        stop=stop,
+        search=search,
+        optuna=optuna,
+        chosen=list(data.get("chosen") or []),
+        paper_values=dict(data.get("paper_values") or {}),
+    )
+    try:
+        grid.trials  # validates every trial's RunConfig
+    except ConfigError as exc:
+        raise GridError(str(exc)) from None
+    return grid
+
+
+def _validate_optuna(path: Path, optuna: dict[str, Any]) -> dict[str, Any]:
+    for k in optuna:
+        if k not in _OPTUNA_KEYS:
+            raise _err(path, f"optuna.{k}", f"unknown key; allowed: {', '.join(sorted(_OPTUNA_KEYS))}")
+    space = _check_mapping(path, "optuna.space", optuna.get("space"))
+    if not space:
+        raise _err(path, "optuna.space", "required: at least one setting to search")
+    _check_fields(path, "optuna.space", space)
+    for key, dist in space.items():
+        where = f"optuna.space.{key}"
+        if not isinstance(dist, dict) or len(dist) != 1 or next(iter(dist)) not in _DISTRIBUTIONS:
+            raise _err(path, where, f"expected one of {{{', '.join(sorted(_DISTRIBUTIONS))}: ...}}, got {dist!r}")
+        (kind, args), = dist.items()
+        if kind == "choice":
+            if not isinstance(args, list) or not args:
+                raise _err(path, where, f"choice needs a non-empty list, got {args!r}")
+        else:
+            if not (isinstance(args, list) and len(args) == 2 and all(isinstance(a, int | float) for a in args)):
+                raise _err(path, where, f"{kind} needs [low, high], got {args!r}")
+            lo, hi = args
+            if not lo < hi:
+                raise _err(path, where, f"{kind}({lo}, {hi}) is an empty or reversed range: need low < high")
+            if kind == "loguniform" and lo <= 0:
+                raise _err(path, where, f"loguniform needs low > 0, got {lo}")
+    n = optuna.get("num_samples", 8)
+    if not isinstance(n, int) or n < 1:
+        raise _err(path, "optuna.num_samples", f"must be an integer >= 1, got {n!r}")
+    mode = optuna.get("mode", "max")
+    if mode not in ("max", "min"):
+        raise _err(path, "optuna.mode", f"must be max or min, got {mode!r}")
+    out = {"space": space, "num_samples": n, "metric": optuna.get("metric", "r2"), "mode": mode,
+           "grace_period": int(optuna.get("grace_period", 2)), "reduction_factor": int(optuna.get("reduction_factor", 2))}
+    if "max_concurrent" in optuna:
+        out["max_concurrent"] = int(optuna["max_concurrent"])
+    return out
+
+
+def n_reports(config: RunConfig) -> int:
+    """Reports (Ray iterations) a trial makes before hitting max_steps."""
+    return math.ceil(config.max_steps / config.report_every)

@@ -1,0 +1,119 @@
+"""The Ray Tune Trainable: a thin adapter from Ray's class API to :class:`ablate.experiment.Experiment`.
+
+One Ray iteration = one report period (``report_every`` steps, fewer at the end). Checkpoints hold the
+experiment's state as a torch file (loadable with ``weights_only=True``) plus the config as JSON, both
+written atomically (temporary name, then rename).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from ray import tune
+
+from ablate.experiment import Experiment
+from ablate.grids import config_from_params
+
+__all__ = ["AblateTrainable", "CHECKPOINT_FILE", "InjectedFault", "load_state", "write_checkpoint"]
+
+CHECKPOINT_FILE = "state.pt"
+CONFIG_FILE = "config.json"
+_FAULT_COUNTER = "ablate_faults_fired"
+
+
+class InjectedFault(RuntimeError):
+    """Raised by the test-only ``fault`` setting."""
+
+
+def _atomic_write(path: Path, write) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def write_checkpoint(directory: str | os.PathLike, state: dict[str, Any], config: dict[str, Any]) -> None:
+    """Write ``state`` (torch) and ``config`` (JSON) into ``directory``, each atomically."""
+    d = Path(directory)
+    _atomic_write(d / CHECKPOINT_FILE, lambda p: torch.save(state, p))
+    _atomic_write(d / CONFIG_FILE, lambda p: p.write_text(json.dumps(config, indent=1, default=str)))
+
+
+def load_state(directory: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """Load a checkpoint's state with ``weights_only=True``; a damaged file names itself in the error."""
+    path = Path(directory) / CHECKPOINT_FILE
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as exc:  # torch raises several types for truncated or foreign files
+        raise RuntimeError(f"checkpoint {path} cannot be loaded ({type(exc).__name__}: {exc})") from exc
+
+
+class AblateTrainable(tune.Trainable):
+    """Ray Tune Trainable running one grid point; ``config`` is the trial's param dict."""
+
+    def setup(self, config: dict[str, Any]) -> None:
+        logging.getLogger("ray.tune").setLevel(logging.WARNING)  # no line per checkpoint
+        self._use_assigned_cpus()
+        self._build(config)
+
+    def _build(self, config: dict[str, Any]) -> None:
+        self.params = dict(config)
+        self.run_config = config_from_params(config, f"trial {self.trial_name}")
+        self.experiment = Experiment(self.run_config)
+        self.latest_r2: float | None = None
+
+    def _use_assigned_cpus(self) -> None:
+        import ray
+
+        try:
+            cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1)
+        except Exception:  # not inside a Ray worker (direct use in tests)
+            cpus = 1
+        torch.set_num_threads(max(1, int(round(cpus))))
+
+    def step(self) -> dict[str, Any]:
+        cfg = self.run_config
+        n = min(cfg.report_every, cfg.max_steps - self.experiment.step)
+        self._maybe_inject_fault(n)
+        result = self.experiment.train(n)
+        result.update(self.experiment.evaluate())
+        self.latest_r2 = result["r2"]
+        reached = cfg.target_r2 is not None and result["r2"] >= cfg.target_r2
+        result["done"] = self.experiment.step >= cfg.max_steps or reached
+        return result
+
+    def _maybe_inject_fault(self, n_steps: int) -> None:
+        fault = self.run_config.fault
+        if fault is None or not (self.experiment.step < fault.at_step <= self.experiment.step + n_steps):
+            return
+        counter = Path(self.logdir) / _FAULT_COUNTER
+        fired = int(counter.read_text()) if counter.exists() else 0
+        if fired < fault.times:
+            counter.write_text(str(fired + 1))
+            raise InjectedFault(f"injected fault at step {fault.at_step} ({fired + 1} of {fault.times})")
+
+    def save_checkpoint(self, checkpoint_dir: str) -> None:
+        write_checkpoint(checkpoint_dir, self.experiment.state_dict(), self.params)
+
+    def load_checkpoint(self, checkpoint: str | dict | None) -> None:
+        if checkpoint is None:
+            return
+        self.experiment.load_state_dict(load_state(checkpoint, self.experiment.device))
+
+    def reset_config(self, new_config: dict[str, Any]) -> bool:
+        self._build(new_config)
+        return True
+
+    def __repr__(self) -> str:
+        params = getattr(self, "params", {})
+        point = ",".join(f"{k}={v}" for k, v in params.items() if k in ("batch_size", "latent_dim", "seed"))
+        variant = params.get("variant")
+        if isinstance(variant, dict):
+            point = f"{variant.get('name')},{point}"
+        r2 = getattr(self, "latest_r2", None)
+        r2_text = "n/a" if r2 is None else f"{r2:.3f}"
+        return f"Ablate[{params.get('grid', '?')}:{point} R²={r2_text}]"
