@@ -253,10 +253,28 @@ def parse_assignments(items: list[str]) -> dict[str, Any]:
     """Parse ``key=value`` strings (values as YAML scalars/lists) into a dict for ``RunConfig``."""
     import yaml
 
+    loader = _yaml_loader()
     out: dict[str, Any] = {}
     for item in items:
         key, sep, raw = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"--set {item!r}: expected key=value")
-        out[key.strip()] = yaml.safe_load(raw)
+        out[key.strip()] = yaml.load(raw, Loader=loader)  # noqa: S506 (a SafeLoader subclass)
     return out
+
+
+def _yaml_loader() -> type:
+    """PyYAML's SafeLoader, but reading exponent floats without a dot (``1e-3``, YAML 1.2) as numbers."""
+    import re
+
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.add_implicit_resolver(
+        "tag:yaml.org,2002:float",
+        re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+        list("-+0123456789"),
+    )
+    return Loader

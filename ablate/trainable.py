@@ -69,10 +69,9 @@ class AblateTrainable(tune.Trainable):
     def _use_assigned_cpus(self) -> None:
         import ray
 
-        try:
-            cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1)
-        except Exception:  # not inside a Ray worker (direct use in tests)
-            cpus = 1
+        if not ray.is_initialized():  # used directly, outside Ray: keep torch's own setting
+            return
+        cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1)
         torch.set_num_threads(max(1, int(round(cpus))))
 
     def step(self) -> dict[str, Any]:

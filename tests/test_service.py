@@ -1,0 +1,180 @@
+"""The Ray Tune service end to end: every shipped grid at smoke scale, resume, save/restore, bad grids."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ablate import cli
+from ablate.grids import GridError, known_grids, load_grid, n_reports
+from ablate.runner import run_grid
+from ablate.trainable import CHECKPOINT_FILE
+
+pytestmark = pytest.mark.slow
+
+
+def _rows(trial_dir: Path) -> list[dict]:
+    path = trial_dir / "result.json"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize("name", sorted(known_grids()))
+def test_every_grid_runs_at_smoke_scale(name, ray_session, tmp_path):
+    grid = load_grid(name, "smoke")
+    outcome = run_grid(grid, storage=str(tmp_path), verbose=0)
+    assert not outcome.failed, [t.error for t in outcome.failed]
+    assert len(outcome.trials) == grid.n_trials
+    trial_dirs = sorted(p for p in outcome.run_dir.glob("trial_*") if p.is_dir())
+    assert len(trial_dirs) == grid.n_trials
+    for trial_dir in trial_dirs:
+        rows = _rows(trial_dir)
+        params = json.loads((trial_dir / "params.json").read_text())
+        from ablate.grids import config_from_params
+
+        expected = n_reports(config_from_params(params))
+        if grid.search == "optuna":  # ASHA may stop a trial early
+            assert 1 <= len(rows) <= expected
+        else:
+            assert len(rows) == expected, f"{trial_dir.name}: one row per report"
+        steps = [r["step"] for r in rows]
+        assert steps == sorted(set(steps)), "no duplicated or missing reports"
+        assert all(0.0 <= r["r2"] <= 1.0 or r["r2"] < 0 for r in rows)
+        assert list(trial_dir.glob(f"checkpoint_*/{CHECKPOINT_FILE}")), "a checkpoint was written"
+    if grid.search == "optuna":
+        best = json.loads((outcome.run_dir / "best_config.json").read_text())
+        assert set(best["config"]) <= set(grid.optuna["space"])
+
+
+def test_trainable_save_restore_round_trip(tmp_path):
+    from ablate.trainable import AblateTrainable
+
+    grid = load_grid("batch_vs_dim", "smoke")
+    params = {"grid": "batch_vs_dim", **grid.base, "max_steps": 40, "batch_size": 32, "latent_dim": 3, "seed": 1}
+    straight = AblateTrainable(config=params)
+    first = [straight.train() for _ in range(4)]
+
+    interrupted = AblateTrainable(config=params)
+    for _ in range(2):
+        interrupted.train()
+    interrupted.save_checkpoint(str(tmp_path))
+    resumed = AblateTrainable(config=params)
+    resumed.load_checkpoint(str(tmp_path))
+    later = [resumed.train() for _ in range(2)]
+    for a, b in zip(first[2:], later):
+        assert a["step"] == b["step"]
+        for key in ("r2", "loss", "mcc", "eval_loss", "lambda_hat_0"):
+            assert a[key] == b[key], key
+    assert "R²=" in repr(resumed) and "latent_dim=3" in repr(resumed)
+    for t in (straight, interrupted, resumed):
+        t.stop()
+
+
+def _trial_rows(run_dir: Path) -> dict[str, list[dict]]:
+    out = {}
+    for d in run_dir.glob("trial_*"):
+        if (d / "result.json").exists():
+            out[d.name] = _rows(d)
+    return out
+
+
+def test_resume_after_driver_kill(tmp_path):
+    """kill -9 the whole `ablate run` process group mid-grid, then --resume: finished trials are not rerun."""
+    reports = 12
+    cmd = [sys.executable, "-m", "ablate.cli", "run", "batch_vs_dim", "--scale", "smoke", "--storage",
+           str(tmp_path), "--name", "r", "--max-concurrent", "1", "--set", f"max_steps={5 * reports}"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+                            start_new_session=True)
+    run_dir = tmp_path / "r"
+    deadline = time.time() + 240
+    try:
+        while time.time() < deadline:
+            rows = _trial_rows(run_dir)
+            done = [k for k, v in rows.items() if len(v) >= reports]
+            partial = [k for k, v in rows.items() if 2 <= len(v) < reports]
+            if done and partial:
+                break
+            assert proc.poll() is None, "the run ended before it could be interrupted"
+            time.sleep(0.05)
+        else:
+            pytest.fail("the run never reached a state with one finished and one partial trial")
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    before = _trial_rows(run_dir)
+    finished = {k: len(v) for k, v in before.items() if len(v) >= reports}
+    checkpoints = {k: sorted(int(p.name.split("_")[1]) for p in (run_dir / k).glob("checkpoint_*"))
+                   for k, v in before.items() if len(v) < reports}
+
+    res = subprocess.run(cmd + ["--resume"], capture_output=True, text=True, env=env, timeout=300)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    after = _trial_rows(run_dir)
+    assert len(after) == 4
+    for k, n in finished.items():
+        assert len(after[k]) == n, f"finished trial {k} was rerun"
+    for k, ckpts in checkpoints.items():
+        steps = [r["step"] for r in after[k]]
+        assert steps[-1] == 5 * reports
+        if ckpts and len(before[k]) > 0:
+            resumed_rows = after[k][len(before[k]):]
+            # the first report after the resume continues from the last checkpoint, not from step 0
+            assert resumed_rows[0]["step"] > 5, f"{k} restarted from scratch: {steps}"
+            assert resumed_rows[0]["step"] <= before[k][-1]["step"] + 5, f"{k} skipped reports: {steps}"
+    status = subprocess.run([sys.executable, "-m", "ablate.cli", "status", str(run_dir)], capture_output=True,
+                            text=True, timeout=120)
+    assert status.returncode == 0 and "finished: 4" in status.stdout, status.stdout + status.stderr
+
+
+BAD_GRIDS = {
+    "unknown key": ("bogus: 1\n", "bogus: unknown key"),
+    "wrong type": ("base: {batch_size: big}\n", "batch_size"),
+    "empty axis": ("axes: {batch_size: []}\n", "axes.batch_size: empty axis"),
+    "lambda <= 0": ("base: {concentration: -1}\n", "concentration"),
+    "batch < 2": ("base: {batch_size: 1}\n", "batch_size"),
+    "d < 2": ("base: {latent_dim: 1}\n", "latent_dim"),
+    "lambda list length": ("base: {latent_dim: 3, concentration: [1, 2]}\n", "latent_dim=3"),
+    "unknown setting": ("base: {learning_rate: 1}\n", "base.learning_rate: unknown setting"),
+}
+
+GOOD = """name: bad
+scales: {smoke: {}, laptop: {}, paper: {}}
+stop: {max_steps: 5}
+"""
+
+
+@pytest.mark.parametrize("case", sorted(BAD_GRIDS))
+def test_bad_grid_is_refused_before_ray_starts(case, tmp_path, monkeypatch, capsys):
+    import ablate.runner
+
+    def no_ray(*a, **k):
+        raise AssertionError("Ray was started for an invalid grid")
+
+    monkeypatch.setattr(ablate.runner, "init_ray", no_ray)
+    extra, expected = BAD_GRIDS[case]
+    path = tmp_path / "bad.yaml"
+    path.write_text(GOOD + extra)
+    code = cli.main(["run", str(path), "--scale", "smoke", "--storage", str(tmp_path / "runs")])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert str(path) in err and expected in err, err
+    assert "Traceback" not in err
+
+
+def test_unknown_grid_name_lists_known_ones(capsys):
+    assert cli.main(["run", "no_such_grid"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown grid 'no_such_grid'" in err and "batch_vs_dim" in err
+
+
+def test_malformed_yaml_names_the_line(tmp_path):
+    path = tmp_path / "broken.yaml"
+    path.write_text("name: x\nbase: {batch_size: 3\nstop: {max_steps: 1}\n")
+    with pytest.raises(GridError, match=r"line \d+"):
+        load_grid(str(path), "smoke")
