@@ -1,0 +1,47 @@
+"""Injected faults: a trial that raises mid-run is retried from its checkpoint and loses nothing."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ablate.grids import load_grid
+from ablate.runner import run_grid
+
+pytestmark = pytest.mark.slow
+
+
+def _one_trial_grid(**base):
+    grid = load_grid("batch_vs_dim", "smoke")
+    grid.axes = {"batch_size": [32], "latent_dim": [3]}
+    grid.base.update(base)
+    grid.stop["max_steps"] = 25
+    return grid
+
+
+def _rows(outcome):
+    (trial_dir,) = [p for p in outcome.run_dir.glob("trial_*") if p.is_dir()]
+    return [json.loads(line) for line in (trial_dir / "result.json").read_text().splitlines() if line.strip()]
+
+
+def test_trial_that_raises_is_retried_from_its_checkpoint(ray_session, tmp_path):
+    clean = run_grid(_one_trial_grid(), storage=str(tmp_path), name="clean", verbose=0)
+    faulty = run_grid(_one_trial_grid(fault={"at_step": 12, "times": 1}), storage=str(tmp_path), name="faulty",
+                      verbose=0)
+    assert not clean.failed and not faulty.failed, [t.error for t in faulty.failed]
+    clean_rows, faulty_rows = _rows(clean), _rows(faulty)
+    assert [r["step"] for r in faulty_rows] == [5, 10, 15, 20, 25], "no duplicated or missing iterations"
+    for a, b in zip(clean_rows, faulty_rows):
+        for key in ("r2", "loss", "mcc", "lambda_hat_0"):
+            assert a[key] == b[key], (key, a["step"])
+
+
+def test_trial_that_keeps_failing_errors_without_taking_others_down(ray_session, tmp_path):
+    grid = _one_trial_grid()
+    grid.variants = [{"name": "healthy"}, {"name": "broken", "fault": {"at_step": 7, "times": 10}}]
+    outcome = run_grid(grid, storage=str(tmp_path), name="broken", verbose=0, max_failures=1)
+    (failed,) = outcome.failed
+    assert failed.params["variant"]["name"] == "broken" and "injected fault" in failed.error
+    (healthy,) = [t for t in outcome.trials if t.status == "TERMINATED"]
+    assert healthy.last["step"] == 25
