@@ -1,0 +1,145 @@
+"""Tests of the fixed generator g (``ablate.generator``) and the encoder f (``ablate.encoder``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from ablate.dgp import sample_uniform
+from ablate.encoder import REFERENCE_WIDTHS, Encoder
+from ablate.generator import GENERATOR_SLOPE, InvertibleMLP, build_generator, condition_threshold
+
+F64 = torch.float64
+
+
+def gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+# --------------------------------------------------------------------------- generator g
+
+
+@pytest.mark.parametrize(("d", "seed", "quantile"), [(10, 0, 0.25), (20, 3, 0.25), (6, 1, 0.1)])
+def test_every_layer_is_below_the_condition_threshold(d, seed, quantile):
+    g = build_generator(d, n_layers=3, seed=seed, cond_quantile=quantile, n_cond_samples=4000)
+    # build_generator draws the threshold pool first from Generator().manual_seed(seed): recompute it
+    threshold = condition_threshold(d, n_samples=4000, quantile=quantile, generator=gen(seed))
+    assert len(g.layers) == 3
+    for layer in g.layers:
+        w = layer.weight.detach().to(F64)
+        assert w.shape == (d, d) and layer.bias is None
+        # the float32 copy of the accepted float64 matrix moves its condition number by ~1e-6 relative
+        cond = float(torch.linalg.cond(w))
+        assert cond < threshold * (1 + 1e-4), f"layer condition number {cond:.3f} >= threshold {threshold:.3f}"
+        # column-L2-normalised draws from uniform(−1, 1)
+        assert torch.allclose(w.norm(dim=0), torch.ones(d, dtype=F64), atol=1e-6), "columns must have unit norm"
+    # the threshold is a real constraint: a fresh pool of draws exceeds it ~(1 − quantile) of the time
+    fresh = torch.rand(2000, d, d, generator=gen(99), dtype=F64) * 2 - 1
+    frac_above = float((torch.linalg.cond(fresh / fresh.norm(dim=1, keepdim=True)) >= threshold).double().mean())
+    assert abs(frac_above - (1 - quantile)) < 0.05, f"{frac_above:.3f} of fresh draws above threshold (tol 0.05)"
+
+
+def test_condition_threshold_is_the_quantile_of_its_pool():
+    d, n, q = 5, 3000, 0.25
+    t = condition_threshold(d, n_samples=n, quantile=q, generator=gen(7))
+    w = torch.rand(n, d, d, generator=gen(7), dtype=F64) * 2 - 1
+    conds = torch.linalg.cond(w / w.norm(dim=1, keepdim=True))
+    assert abs(t - float(torch.quantile(conds, q))) < 1e-9 * t
+    assert float((conds < t).double().mean()) == pytest.approx(q, abs=1.0 / n)
+
+
+def test_generator_is_invertible():
+    z = sample_uniform(2000, 10, generator=gen(1))
+    g = build_generator(10, seed=0)
+    x = g(z)
+    assert x.shape == z.shape and x.dtype == torch.float32
+    err = float((g.inverse(x) - z).abs().max())
+    assert err < 1e-4, f"float32 g.inverse(g(z)) error {err:.2g} (tol 1e-4)"
+    # in float64 the inversion is exact to rounding, also at d=20 with 4 layers
+    z64 = sample_uniform(2000, 20, generator=gen(2), dtype=F64)
+    g64 = build_generator(20, n_layers=4, seed=1).double()
+    err64 = float((g64.inverse(g64(z64)) - z64).abs().max())
+    assert err64 < 1e-9, f"float64 g.inverse(g(z)) error {err64:.2g} (tol 1e-9)"
+
+
+def test_generator_forward_is_linear_leaky_relu_chain():
+    g = build_generator(4, n_layers=3, seed=2)
+    z = sample_uniform(50, 4, generator=gen(0))
+    w = [layer.weight.detach() for layer in g.layers]
+    h = z @ w[0].T
+    h = torch.where(h >= 0, h, GENERATOR_SLOPE * h) @ w[1].T
+    h = torch.where(h >= 0, h, GENERATOR_SLOPE * h) @ w[2].T  # no activation after the last layer
+    assert GENERATOR_SLOPE == 0.2
+    assert torch.allclose(g(z), h, atol=1e-6)
+    # the leaky ReLU is really non-linear here (some pre-activations are negative)
+    assert not torch.allclose(g(z), z @ (w[2] @ w[1] @ w[0]).T, atol=1e-3)
+
+
+def test_generator_seeding():
+    a, b, c = build_generator(8, seed=5), build_generator(8, seed=5), build_generator(8, seed=6)
+    for la, lb, lc in zip(a.layers, b.layers, c.layers):
+        assert torch.equal(la.weight, lb.weight), "same seed must give the same weights"
+        assert not torch.allclose(la.weight, lc.weight), "different seeds must give different weights"
+    # and the layers of one g differ from each other
+    assert not torch.allclose(a.layers[0].weight, a.layers[1].weight)
+
+
+def test_generator_is_frozen():
+    g = build_generator(6, seed=0)
+    params = list(g.parameters())
+    assert len(params) == 3
+    assert all(not p.requires_grad for p in params), "g must have no trainable parameters"
+    assert not g.training
+    assert not g(sample_uniform(5, 6, generator=gen(0))).requires_grad
+
+
+def test_generator_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="latent_dim"):
+        build_generator(1)
+    with pytest.raises(ValueError, match="n_layers"):
+        build_generator(4, n_layers=0)
+
+
+def test_invertible_mlp_from_explicit_weights():
+    w = [torch.eye(3) * 2.0, torch.eye(3)]
+    g = InvertibleMLP(w)
+    z = torch.tensor([[1.0, -1.0, 0.5]])
+    assert torch.allclose(g(z), torch.tensor([[2.0, -0.4, 1.0]]))  # 2z, leaky ReLU (0.2), identity
+    assert torch.allclose(g.inverse(g(z)), z)
+
+
+# --------------------------------------------------------------------------- encoder f
+
+
+def _linear_shapes(enc: Encoder) -> list[tuple[int, int]]:
+    return [(m.in_features, m.out_features) for m in enc.net if isinstance(m, nn.Linear)]
+
+
+def test_encoder_reference_widths():
+    d = 4
+    enc = Encoder(d, d)
+    assert REFERENCE_WIDTHS == (10, 50, 50, 50, 50, 10)
+    widths = [d, 10 * d, 50 * d, 50 * d, 50 * d, 50 * d, 10 * d, d]  # d→10d→50d→50d→50d→50d→10d→d
+    assert _linear_shapes(enc) == list(zip(widths[:-1], widths[1:]))
+    acts = [m for m in enc.net if isinstance(m, nn.LeakyReLU)]
+    assert len(acts) == 6 and all(a.negative_slope == 0.01 for a in acts)
+    assert not isinstance(list(enc.net)[-1], nn.LeakyReLU), "no activation after the last layer"
+
+
+def test_encoder_output_shape_and_unit_norm():
+    torch.manual_seed(0)
+    enc = Encoder(7, 3)
+    h = enc(torch.randn(64, 7, generator=gen(0)))
+    assert h.shape == (64, 3)
+    assert torch.allclose(h.norm(dim=1), torch.ones(64), atol=1e-5)
+    raw = Encoder(7, 3, normalize=False)(torch.randn(64, 7, generator=gen(0)))
+    assert not torch.allclose(raw.norm(dim=1), torch.ones(64), atol=1e-2), "normalize=False must not normalise"
+
+
+def test_encoder_configurable_multipliers():
+    enc = Encoder(5, 3, (2, 4), slope=0.1)
+    assert _linear_shapes(enc) == [(5, 6), (6, 12), (12, 3)]
+    assert [m.negative_slope for m in enc.net if isinstance(m, nn.LeakyReLU)] == [0.1, 0.1]
+    assert _linear_shapes(Encoder(5, 3, ())) == [(5, 3)]
+    assert enc.matmul_flops(10) == 2 * 10 * (5 * 6 + 6 * 12 + 12 * 3)
