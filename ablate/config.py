@@ -253,7 +253,7 @@ def parse_assignments(items: list[str]) -> dict[str, Any]:
     """Parse ``key=value`` strings (values as YAML scalars/lists) into a dict for ``RunConfig``."""
     import yaml
 
-    loader = _yaml_loader()
+    loader = yaml_loader()
     out: dict[str, Any] = {}
     for item in items:
         key, sep, raw = item.partition("=")
@@ -263,7 +263,7 @@ def parse_assignments(items: list[str]) -> dict[str, Any]:
     return out
 
 
-def _yaml_loader() -> type:
+def yaml_loader() -> type:
     """PyYAML's SafeLoader, but reading exponent floats without a dot (``1e-3``, YAML 1.2) as numbers."""
     import re
 

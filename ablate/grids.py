@@ -33,7 +33,7 @@ from typing import Any
 
 import yaml
 
-from ablate.config import ConfigError, RunConfig
+from ablate.config import ConfigError, RunConfig, yaml_loader
 
 __all__ = [
     "GRID_DIR",
@@ -226,7 +226,7 @@ def _err(path: Path, key: str, msg: str) -> GridError:
 
 def _read_yaml(path: Path) -> dict[str, Any]:
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.load(path.read_text(), Loader=yaml_loader())  # a SafeLoader subclass
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"

@@ -37,7 +37,7 @@ def linear_r2(z_hat_fit: Tensor, z_fit: Tensor, z_hat_eval: Tensor, z_eval: Tens
         z_hat_*: ``(n, k)``; z_*: ``(n, d)``. Returns ``{"r2": float, "r2_per_dim": list[float]}``.
     """
     xf = _with_bias(z_hat_fit.detach().double())
-    coef = torch.linalg.lstsq(xf.cpu(), z_fit.detach().double().cpu()).solution
+    coef = torch.linalg.lstsq(xf.cpu(), z_fit.detach().double().cpu(), driver="gelsd").solution  # gelsy is not bit-reproducible
     pred = _with_bias(z_hat_eval.detach().double()).cpu() @ coef
     target = z_eval.detach().double().cpu()
     ss_res = ((target - pred) ** 2).sum(0)

@@ -161,12 +161,28 @@ def init_ray(address: str | None, *, num_cpus: int | None = None, dashboard: boo
     if address:
         import ablate
 
+        _keep_token_auth(address)
+
         # workers on the cluster get this package's code (they need torch and ray installed)
         kwargs["runtime_env"] = {"py_modules": [str(Path(ablate.__file__).parent)]}
         ray.init(address=address, **kwargs)
     else:
         ray.init(num_cpus=num_cpus, include_dashboard=dashboard, dashboard_host=dashboard_host, **kwargs)
     return {"dashboard_url": _dashboard_url(), "joined": bool(address)}
+
+
+def _keep_token_auth(address: str) -> None:
+    """Ray turns token auth on by itself only for ``address=auto``; do the same for an explicit address."""
+    token = Path.home() / ".ray" / "auth_token"
+    if address == "auto" or "RAY_AUTH_MODE" in os.environ or not token.is_file():
+        return
+    os.environ["RAY_AUTH_MODE"] = "token"
+    try:  # refresh Ray's cached config, as Ray itself does when it enables token auth
+        from ray._raylet import Config
+
+        Config.initialize("")
+    except (ImportError, AttributeError):
+        pass
 
 
 def _dashboard_url() -> str | None:

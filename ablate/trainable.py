@@ -56,7 +56,8 @@ class AblateTrainable(tune.Trainable):
     """Ray Tune Trainable running one grid point; ``config`` is the trial's param dict."""
 
     def setup(self, config: dict[str, Any]) -> None:
-        logging.getLogger("ray.tune").setLevel(logging.WARNING)  # no line per checkpoint
+        for name in ("ray.tune", "ray.train"):  # no log line per checkpoint
+            logging.getLogger(name).setLevel(logging.WARNING)
         self._use_assigned_cpus()
         self._build(config)
 

@@ -1,0 +1,1 @@
+"""Benchmarks for ablate: `python -m benchmarks` prints tables (speed is never asserted in tests)."""

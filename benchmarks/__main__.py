@@ -1,0 +1,159 @@
+"""`python -m benchmarks [--quick] [--only step,sampler,memory,ray]`: print ablate's performance tables.
+
+- step: ms per training step, achieved GFLOP/s (matmul FLOPs of forward + backward through the encoder on
+  both views, plus the logits) and the ratio to this machine's fp32 matmul rate measured in the same run.
+- sampler: conditional samples per second and the rejection rate at Λ = 5, 25, 75 and d = 10, 20.
+- memory: peak resident memory of a process training one trial at batch 1000 and 8192.
+- ray: a grid's wall time against the sum of its trials' compute time divided by the concurrency.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+
+import torch
+
+
+def matmul_rate(n: int = 2048, repeats: int = 10, dtype=torch.float32) -> float:
+    """This machine's fp32 matmul rate in GFLOP/s (best of ``repeats`` n×n×n products)."""
+    a = torch.randn(n, n, dtype=dtype)
+    b = torch.randn(n, n, dtype=dtype)
+    a @ b
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t)
+    return 2 * n**3 / best / 1e9
+
+
+def step_flops(exp) -> float:
+    """Matmul FLOPs of one training step: encoder fwd (1x) + bwd (2x) on both views, plus the logits."""
+    cfg = exp.config
+    rows = 2 * cfg.batch_size * len(exp.config.lambda_ensemble)
+    enc = exp.encoder.matmul_flops(rows)
+    gen = sum(2 * rows * layer.in_features * layer.out_features for layer in exp.generator.layers)
+    logits = 2 * rows * rows * cfg.latent_dim
+    return 3 * enc + gen + 3 * logits
+
+
+def bench_step(batch: int, d: int, steps: int, widths=None) -> dict:
+    from ablate.config import RunConfig
+    from ablate.experiment import Experiment
+
+    kw = {} if widths is None else {"encoder_widths": widths}
+    exp = Experiment(RunConfig(latent_dim=d, batch_size=batch, concentration=75, generator_seed=0, **kw))
+    exp.train(2)
+    t = time.perf_counter()
+    exp.train(steps)
+    dt = (time.perf_counter() - t) / steps
+    return {"batch": batch, "d": d, "ms_per_step": dt * 1e3, "gflops": step_flops(exp) / dt / 1e9}
+
+
+def bench_sampler(d: int, lam: float, n: int = 20000) -> dict:
+    from ablate import dgp
+
+    gen = torch.Generator().manual_seed(0)
+    z = dgp.sample_uniform(n, d, generator=gen)
+    # acceptance measured directly on raw draws
+    eps = torch.randn(n, d, generator=gen) / lam**0.5
+    accept = float(((z + eps).norm(dim=1) - 1).abs().lt(0.1).double().mean())
+    try:
+        t = time.perf_counter()
+        dgp.sample_conditional(z, lam, generator=gen)
+        rate = n / (time.perf_counter() - t)
+    except dgp.LowAcceptanceError:
+        rate = float("nan")
+    return {"d": d, "lambda": lam, "samples_per_s": rate, "acceptance": accept}
+
+
+def _peak_rss_child(batch: int) -> None:
+    from ablate.config import RunConfig
+    from ablate.experiment import Experiment
+
+    exp = Experiment(RunConfig(batch_size=batch, concentration=75, generator_seed=0))
+    exp.train(3)
+    exp.evaluate()
+    print(json.dumps({"batch": batch, "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+
+
+def bench_memory(batch: int) -> dict:
+    code = f"import benchmarks.__main__ as b; b._peak_rss_child({batch})"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def bench_ray(grid_name: str, scale: str) -> dict:
+    import tempfile
+
+    from ablate.grids import load_grid
+    from ablate.results import load_results
+    from ablate.runner import run_grid
+
+    grid = load_grid(grid_name, scale)
+    with tempfile.TemporaryDirectory() as tmp:
+        t = time.perf_counter()
+        outcome = run_grid(grid, storage=tmp, verbose=0, num_cpus=os.cpu_count())
+        wall = time.perf_counter() - t
+        df = load_results(outcome.run_dir)
+    compute = float(df.groupby("trial_id")["time_total_s"].max().sum())
+    conc = min(os.cpu_count() or 1, grid.n_trials)
+    ideal = compute / conc
+    return {"grid": f"{grid_name}@{scale}", "trials": grid.n_trials, "wall_s": wall, "compute_s": compute,
+            "concurrency": conc, "overhead_pct": 100 * (wall - ideal) / wall}
+
+
+def _print(title: str, rows: list[dict]) -> None:
+    print(f"\n## {title}")
+    if not rows:
+        return
+    cols = list(rows[0])
+    fmt = [f"{r[c]:.4g}" if isinstance(r[c], float) else str(r[c]) for r in rows for c in cols]
+    cells = [fmt[i * len(cols):(i + 1) * len(cols)] for i in range(len(rows))]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
+    print(" | ".join(c.rjust(w) for c, w in zip(cols, widths)))
+    print(" | ".join("-" * w for w in widths))
+    for row in cells:
+        print(" | ".join(v.rjust(w) for v, w in zip(row, widths)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks")
+    p.add_argument("--quick", action="store_true", help="fewer steps and sizes")
+    p.add_argument("--only", default="step,sampler,memory,ray")
+    p.add_argument("--ray-grid", default="batch_vs_dim")
+    p.add_argument("--ray-scale", default="smoke")
+    args = p.parse_args(argv)
+    parts = set(args.only.split(","))
+    print(f"# ablate benchmarks: torch {torch.__version__}, {torch.get_num_threads()} threads, "
+          f"{os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d %H:%M')}")
+    if "step" in parts:
+        peak = matmul_rate()
+        print(f"\nmeasured fp32 matmul rate (2048³): {peak:.1f} GFLOP/s")
+        steps = 5 if args.quick else 20
+        rows = []
+        sizes = [(1000, 10)] if args.quick else [(1000, 10), (4096, 10), (8192, 10), (1000, 20), (1000, 40)]
+        for batch, d in sizes:
+            r = bench_step(batch, d, steps if batch <= 1000 else max(3, steps // 4))
+            r["ratio_to_peak"] = r["gflops"] / peak
+            rows.append(r)
+        _print("training step, reference encoder, AnInfoNCE", rows)
+    if "sampler" in parts:
+        rows = [bench_sampler(d, lam) for d in (10, 20) for lam in (5.0, 25.0, 75.0)]
+        _print("conditional sampler (threshold 0.1)", rows)
+    if "memory" in parts:
+        _print("peak memory of one trial (process RSS)", [bench_memory(b) for b in (1000, 8192)])
+    if "ray" in parts:
+        _print("Ray overhead", [bench_ray(args.ray_grid, args.ray_scale)])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

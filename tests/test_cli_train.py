@@ -1,0 +1,65 @@
+"""End-to-end tests of `ablate train` (run as ``python -m ablate.cli`` in a subprocess)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def ablate(*args: str) -> subprocess.CompletedProcess:
+    # One thread keeps the tiny runs fast on a shared machine.
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "ablate.cli", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_train_prints_one_line_per_report():
+    proc = ablate(
+        "train",
+        "--set",
+        "latent_dim=4",
+        "batch_size=64",
+        "encoder_widths=[4,4]",
+        "report_every=5",
+        "eval_samples=256",
+        "device=cpu",
+        "--steps",
+        "10",
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("step=")]
+    assert [line.split()[0] for line in lines] == ["step=5", "step=10"], proc.stdout
+    for line in lines:
+        assert re.search(r" r2=-?\d+\.\d{4} ", line), line
+        assert re.search(r" loss=\d+\.\d{4} ", line), line
+        assert "r2_lambda_5=" in line and "r2_lambda_25=" in line, line
+        assert "mcc=" in line, line
+    assert "d=4" in proc.stdout and "batch=64" in proc.stdout
+    assert "Traceback" not in proc.stderr
+
+
+def test_bad_value_exits_non_zero_with_a_message():
+    proc = ablate("train", "--set", "latent_dim=1", "--steps", "1")
+    assert proc.returncode != 0
+    assert "latent_dim" in proc.stderr
+    assert "greater than or equal to 2" in proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert "step=" not in proc.stdout
+
+
+def test_unknown_key_exits_non_zero_and_lists_allowed_keys():
+    proc = ablate("train", "--set", "latent_dims=4", "--steps", "1")
+    assert proc.returncode != 0
+    assert "latent_dims" in proc.stderr and "allowed keys" in proc.stderr
+    assert "Traceback" not in proc.stderr
