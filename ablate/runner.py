@@ -167,7 +167,9 @@ def init_ray(address: str | None, *, num_cpus: int | None = None, dashboard: boo
         kwargs["runtime_env"] = {"py_modules": [str(Path(ablate.__file__).parent)]}
         ray.init(address=address, **kwargs)
     else:
-        ray.init(num_cpus=num_cpus, include_dashboard=dashboard, dashboard_host=dashboard_host, **kwargs)
+        # address="local": always a fresh embedded Ray, even if a stale cluster address is on disk
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=dashboard, dashboard_host=dashboard_host,
+                 **kwargs)
     return {"dashboard_url": _dashboard_url(), "joined": bool(address)}
 
 

@@ -14,6 +14,6 @@ def ray_session():
 
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+        ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     yield ray
     ray.shutdown()

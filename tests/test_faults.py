@@ -45,3 +45,54 @@ def test_trial_that_keeps_failing_errors_without_taking_others_down(ray_session,
     assert failed.params["variant"]["name"] == "broken" and "injected fault" in failed.error
     (healthy,) = [t for t in outcome.trials if t.status == "TERMINATED"]
     assert healthy.last["step"] == 25
+
+
+def test_nonfinite_loss_errors_the_trial_names_the_step_and_keeps_the_others(ray_session, tmp_path):
+    grid = _one_trial_grid()
+    grid.variants = [
+        {"name": "healthy"},
+        {"name": "diverging", "normalize_output": False, "lr": 1.0e6, "lr_lambda": 1.0e6},
+    ]
+    outcome = run_grid(grid, storage=str(tmp_path), name="nan", verbose=0, max_failures=0)
+    (failed,) = outcome.failed
+    assert failed.params["variant"]["name"] == "diverging"
+    assert "NonFiniteLossError" in failed.error and "at step" in failed.error
+    (healthy,) = [t for t in outcome.trials if t.status == "TERMINATED"]
+    assert healthy.last["step"] == 25
+
+    from ablate.status import run_status
+
+    info = run_status(outcome.run_dir)
+    assert info["counts"]["errored"] == 1 and info["counts"]["finished"] == 1
+
+
+def test_resume_refusals(tmp_path, capsys):
+    from ablate import cli
+
+    storage = str(tmp_path)
+    assert cli.main(["run", "batch_vs_dim", "--scale", "smoke", "--storage", storage, "--resume"]) == 2
+    assert "nothing to resume" in capsys.readouterr().err
+
+    other = tmp_path / "batch_vs_dim-smoke"
+    other.mkdir()
+    (other / "ablate_run.json").write_text('{"grid": "anisotropy", "scale": "smoke"}')
+    assert cli.main(["run", "batch_vs_dim", "--scale", "smoke", "--storage", storage, "--resume"]) == 2
+    assert "made from grid 'anisotropy'" in capsys.readouterr().err
+
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "experiment_state-x.json").write_text("{}")
+    assert cli.main(["run", "batch_vs_dim", "--scale", "smoke", "--storage", storage, "--name", "foreign",
+                     "--resume"]) == 2
+    assert "not an ablate run directory" in capsys.readouterr().err
+    assert cli.main(["status", str(foreign)]) == 2
+    assert "not an ablate run directory" in capsys.readouterr().err
+
+
+def test_unwritable_storage_is_refused(tmp_path, capsys):
+    from ablate import cli
+
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    assert cli.main(["run", "batch_vs_dim", "--scale", "smoke", "--storage", str(blocker / "runs")]) == 2
+    assert "not writable" in capsys.readouterr().err
