@@ -21,6 +21,8 @@ from ablate.grids import config_from_params
 
 __all__ = ["AblateTrainable", "CHECKPOINT_FILE", "InjectedFault", "load_state", "write_checkpoint"]
 
+_log = logging.getLogger("ablate.trainable")
+
 CHECKPOINT_FILE = "state.pt"
 CONFIG_FILE = "config.json"
 _FAULT_COUNTER = "ablate_faults_fired"
@@ -100,9 +102,25 @@ class AblateTrainable(tune.Trainable):
         write_checkpoint(checkpoint_dir, self.experiment.state_dict(), self.params)
 
     def load_checkpoint(self, checkpoint: str | dict | None) -> None:
+        """Restore from ``checkpoint``; a damaged one falls back to the previous one, else a fresh start."""
         if checkpoint is None:
             return
-        self.experiment.load_state_dict(load_state(checkpoint, self.experiment.device))
+        here = Path(checkpoint)
+        older = sorted((p for p in here.parent.glob("checkpoint_*") if p.is_dir() and p.name < here.name),
+                       reverse=True)
+        for candidate in [here, *older]:
+            try:
+                state = load_state(candidate, self.experiment.device)
+            except RuntimeError as exc:
+                _log.warning("%s; trying an earlier checkpoint", exc)
+                continue
+            if candidate != here:
+                _log.warning("trial %s: restored from the earlier checkpoint %s (step %s)", self.trial_name,
+                             candidate, state["step"])
+            self.experiment.load_state_dict(state)
+            return
+        _log.warning("trial %s: no loadable checkpoint; restarting from step 0", self.trial_name)
+        self._build(self.params)
 
     def reset_config(self, new_config: dict[str, Any]) -> bool:
         self._build(new_config)

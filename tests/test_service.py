@@ -178,3 +178,29 @@ def test_malformed_yaml_names_the_line(tmp_path):
     path.write_text("name: x\nbase: {batch_size: 3\nstop: {max_steps: 1}\n")
     with pytest.raises(GridError, match=r"line \d+"):
         load_grid(str(path), "smoke")
+
+
+def test_corrupt_checkpoint_falls_back_to_the_previous_one(tmp_path, caplog):
+    from ablate.trainable import AblateTrainable
+
+    grid = load_grid("batch_vs_dim", "smoke")
+    params = {"grid": "batch_vs_dim", **grid.base, "max_steps": 40, "batch_size": 32, "latent_dim": 3, "seed": 1}
+    t = AblateTrainable(config=params)
+    for i in range(2):
+        t.train()
+        (tmp_path / f"checkpoint_00000{i}").mkdir()
+        t.save_checkpoint(str(tmp_path / f"checkpoint_00000{i}"))
+    damaged = tmp_path / "checkpoint_000001" / CHECKPOINT_FILE
+    damaged.write_bytes(damaged.read_bytes()[:100])  # a torn write
+    fresh = AblateTrainable(config=params)
+    with caplog.at_level("WARNING", logger="ablate.trainable"):
+        fresh.load_checkpoint(str(tmp_path / "checkpoint_000001"))
+    assert fresh.experiment.step == 5, "fell back to the step-5 checkpoint"
+    assert str(damaged) in caplog.text and "earlier checkpoint" in caplog.text
+    (tmp_path / "checkpoint_000000" / CHECKPOINT_FILE).write_bytes(b"garbage")
+    again = AblateTrainable(config=params)
+    with caplog.at_level("WARNING", logger="ablate.trainable"):
+        again.load_checkpoint(str(tmp_path / "checkpoint_000001"))
+    assert again.experiment.step == 0 and "restarting from step 0" in caplog.text
+    for x in (t, fresh, again):
+        x.stop()
