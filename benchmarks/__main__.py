@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -80,7 +79,9 @@ def _peak_rss_child(batch: int) -> None:
     exp = Experiment(RunConfig(batch_size=batch, concentration=75, generator_seed=0))
     exp.train(3)
     exp.evaluate()
-    print(json.dumps({"batch": batch, "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+    # VmHWM, not ru_maxrss: the latter survives execve and would report the parent's peak
+    hwm_kib = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM"))
+    print(json.dumps({"batch": batch, "peak_rss_mib": hwm_kib / 1024}))
 
 
 def bench_memory(batch: int) -> dict:
