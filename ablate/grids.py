@@ -40,6 +40,7 @@ __all__ = [
     "SCALES",
     "Grid",
     "GridError",
+    "axis_text",
     "Trial",
     "expand",
     "known_grids",
@@ -77,18 +78,23 @@ class Trial:
     @property
     def label(self) -> str:
         """Short human name, e.g. ``batch_size=512,latent_dim=10,seed=0``."""
-        parts = [f"{k}={_short(v)}" for k, v in self.point.items()]
+        parts = [f"{k}={axis_text(v)}" for k, v in self.point.items()]
         if self.variant:
             parts.insert(0, self.variant)
         parts.append(f"seed={self.seed}")
         return ",".join(parts)
 
 
-def _short(v: Any) -> str:
+def axis_text(v: Any) -> str:
+    """Short text of an axis value: a variant's name, a Λ pattern (``linspace 5..50``, ``5/25``), a list."""
     if isinstance(v, dict):
+        if "name" in v:
+            return str(v["name"])
+        if set(v) == {"linspace"}:
+            return "linspace " + "..".join(f"{x:g}" for x in v["linspace"])
         return "/".join(f"{x:g}" if isinstance(x, float) else str(x) for vals in v.values() for x in vals)
     if isinstance(v, list):
-        return "[" + ",".join(_short(x) for x in v) + "]"
+        return "[" + ",".join(axis_text(x) for x in v) + "]"
     return f"{v:g}" if isinstance(v, float) else str(v)
 
 
@@ -344,7 +350,7 @@ def load_grid(name_or_path: str, scale: str = DEFAULT_SCALE) -> Grid:
         paper_values=dict(data.get("paper_values") or {}),
     )
     try:
-        grid.trials  # validates every trial's RunConfig
+        expand(grid)  # validates every trial's RunConfig
     except ConfigError as exc:
         raise GridError(str(exc)) from None
     return grid

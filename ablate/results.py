@@ -12,6 +12,7 @@ from typing import Any
 
 import pandas as pd
 
+from ablate.grids import axis_text
 from ablate.runner import RUN_MARKER, RunError
 
 __all__ = ["RunReader", "load_results", "export_results"]
@@ -100,13 +101,7 @@ class RunReader:
 
 
 def _axis_value(v: Any) -> Any:
-    if isinstance(v, dict):
-        if "name" in v:
-            return v["name"]
-        return "/".join(f"{x:g}" if isinstance(x, float) else str(x) for vals in v.values() for x in vals)
-    if isinstance(v, list):
-        return json.dumps(v)
-    return v
+    return axis_text(v) if isinstance(v, dict | list) else v
 
 
 def load_results(run_dir: str | Path) -> pd.DataFrame:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ablate import __version__
-from ablate.grids import Grid, GridError, n_reports
+from ablate.grids import Grid, GridError, axis_text, n_reports
 
 __all__ = ["RUN_MARKER", "RunError", "RunOutcome", "TrialOutcome", "check_run_dir", "probe_acceptance", "run_grid"]
 
@@ -357,21 +357,13 @@ def _dirname(trial) -> str:
 
 
 def _label(params: dict[str, Any], grid: Grid) -> str:
-    parts = []
-    for k in grid.axis_names():
-        v = params.get(k)
-        if isinstance(v, dict):
-            v = v.get("name", v)
-        if isinstance(v, float):
-            v = f"{v:.3g}"
-        parts.append(f"{k}={v}")
-    return ",".join(parts)
+    return ",".join(f"{k}={axis_text(params.get(k))}" for k in grid.axis_names())
 
 
 def _save_best(results, grid: Grid, run_dir: str) -> dict[str, Any] | None:
     opt = grid.optuna
     try:
-        best = results.get_best_result(metric=opt["metric"], mode=opt["mode"], scope="all")
+        best = results.get_best_result(metric=opt["metric"], mode=opt["mode"], scope="last")
     except RuntimeError:
         return None
     if best is None or best.metrics is None:
@@ -394,7 +386,7 @@ def summary_rows(outcome: RunOutcome) -> list[dict[str, Any]]:
         row: dict[str, Any] = {}
         for k in outcome.grid.axis_names():
             v = t.params.get(k)
-            row[k] = v.get("name") if isinstance(v, dict) else v
+            row[k] = axis_text(v) if isinstance(v, dict | list) else v
         row["status"] = t.status
         row["step"] = t.last.get("step")
         r2 = t.last.get("r2")
