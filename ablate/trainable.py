@@ -74,7 +74,10 @@ class AblateTrainable(tune.Trainable):
 
         if not ray.is_initialized():  # used directly, outside Ray: keep torch's own setting
             return
-        cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1)
+        try:
+            cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1)
+        except AssertionError:  # Ray is up but this is the driver, not a trial's actor
+            return
         torch.set_num_threads(max(1, int(round(cpus))))
 
     def step(self) -> dict[str, Any]:
