@@ -128,6 +128,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"\nbest configuration ({outcome.best_config['metric']}={outcome.best_config['value']}): "
               f"{json.dumps(outcome.best_config['config'], default=str)}  (saved to {outcome.run_dir}/best_config.json)")
     print(f"\nrun directory: {outcome.run_dir}")
+    if getattr(args, "report", False):
+        from ablate.report import write_report
+
+        print(f"report: {write_report(str(outcome.run_dir))}")
     if outcome.failed:
         print(f"{len(outcome.failed)} trial(s) did not finish:", file=sys.stderr)
         for t in outcome.failed:
@@ -144,6 +148,37 @@ def cmd_status(args: argparse.Namespace) -> int:
     print("  ".join(f"{k}: {v}" for k, v in info["counts"].items()))
     print(_table(info["trials"]))
     return 0
+
+
+# ------------------------------------------------- report / export / dashboard
+def cmd_report(args: argparse.Namespace) -> int:
+    from ablate.report import watch_report, write_report
+
+    if args.watch is None:
+        print(f"report: {write_report(args.run_dir, args.out, args.dashboard)}")
+        return 0
+    try:
+        path = watch_report(args.run_dir, args.out, args.watch, args.dashboard, log=lambda m: print(m, flush=True))
+    except KeyboardInterrupt:
+        print("stopped watching; the report holds the last refresh", file=sys.stderr)
+        return 0
+    print(f"every trial finished; final report: {path}")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from ablate.results import export_results
+
+    remote = "://" in args.run_dir
+    out = args.out or (args.run_dir.rstrip("/") + "/results.csv" if remote else str(Path(args.run_dir) / "results.csv"))
+    print(f"wrote {export_results(args.run_dir, out)}")
+    return 0
+
+
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    from ablate.dashboard import serve
+
+    return serve(args.host, args.port, out=lambda m: print(m, flush=True))
 
 
 # ------------------------------------------------------------------ main
@@ -179,11 +214,30 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--max-failures", type=int, default=2, help="retries of a failed trial from its checkpoint")
     r.add_argument("--tensorboard", action="store_true", help="also write TensorBoard event files")
     r.add_argument("--verbose", type=int, default=1, choices=[0, 1, 2, 3])
+    r.add_argument("--report", action="store_true", help="write RUN_DIR/report.html when the run ends")
     r.set_defaults(func=cmd_run)
 
     st = sub.add_parser("status", help="trials finished / running / errored / pending of a run")
     st.add_argument("run_dir")
     st.set_defaults(func=cmd_status)
+
+    rp = sub.add_parser("report", help="an offline HTML report of a run (finished or in progress)")
+    rp.add_argument("run_dir")
+    rp.add_argument("--out", help="HTML file to write (default: RUN_DIR/report.html)")
+    rp.add_argument("--watch", nargs="?", type=float, const=10.0, metavar="SECONDS",
+                    help="rewrite the report every SECONDS (default 10) until every trial finished")
+    rp.add_argument("--dashboard", help="a dashboard spec YAML (default: dashboards/<grid>.yaml)")
+    rp.set_defaults(func=cmd_report)
+
+    ex = sub.add_parser("export", help="write a run's results table as CSV or Parquet")
+    ex.add_argument("run_dir")
+    ex.add_argument("--out", help="FILE.csv or FILE.parquet (default: RUN_DIR/results.csv)")
+    ex.set_defaults(func=cmd_export)
+
+    db = sub.add_parser("dashboard", help="start (or find) the local Ray head and print its dashboard URL")
+    db.add_argument("--host", help="interface the dashboard binds to (default 127.0.0.1; others warn)")
+    db.add_argument("--port", type=int, default=8265)
+    db.set_defaults(func=cmd_dashboard)
     return p
 
 

@@ -195,7 +195,7 @@ class Experiment:
             "step": self.step,
             "samples_seen": self.step * self.config.batch_size,
             "loss": float(losses.mean()) if n_steps else float("nan"),
-            "lr": self.optimizer.param_groups[0]["lr"],
+            "lr_now": self.optimizer.param_groups[0]["lr"],
         }
 
     # ------------------------------------------------------------ evaluation

@@ -139,10 +139,25 @@ def _sorted_unique(values: Iterable[Any]) -> list[Any]:
 
 
 def fmt(v: Any) -> str:
-    """Short text of a value for labels."""
+    """Short text of a value for labels (a missing value, e.g. an axis value null, reads 'null')."""
+    if v is None or (isinstance(v, float | np.floating) and math.isnan(v)):
+        return "null"
     if isinstance(v, float | np.floating):
         return f"{v:.4g}"
     return str(v)
+
+
+def metric_label(name: str) -> str:
+    """Reader-facing name of a reported metric: r2_lambda_25 → 'R² (Λ = 25 block)'."""
+    if name.startswith("r2_lambda_"):
+        return f"R² (Λ = {name.removeprefix('r2_lambda_')} block)"
+    if name.startswith("r2_dim_"):
+        return f"R² (dim {name.removeprefix('r2_dim_')})"
+    return {"r2": "R²", "mcc": "MCC", "eval_loss": "loss (fresh batch)", "loss": "loss (training)"}.get(name, name)
+
+
+def _mode(n_points: int) -> str:
+    return "lines+markers" if n_points <= 30 else "lines"
 
 
 def point_label(values: dict[str, Any]) -> str:
@@ -171,7 +186,7 @@ def apply_where(df: pd.DataFrame, where: dict[str, Any]) -> pd.DataFrame:
         if want in ("min", "max"):
             keep = [values[0] if want == "min" else values[-1]] if values else []
         else:
-            keep = _as_list(want)
+            keep = [None] if want is None else _as_list(want)  # null selects trials whose axis value is null
         keep_keys = {sort_key(v) for v in keep}
         df = df[df[axis].map(lambda v, kk=keep_keys: sort_key(v) in kk)]
     return df
@@ -271,11 +286,12 @@ def _r2_curves_data(df: pd.DataFrame, spec: PanelSpec, ctx: RunContext) -> pd.Da
             continue
         stats = _seed_stats(sub, [*axes, x], metric).rename(columns={x: "x"})
         stats["metric"] = metric
-        stats["series"] = stats.apply(lambda r: _group_key(r, axes), axis=1)
+        stats["series"] = stats.apply(lambda r: point_label({a: r[a] for a in axes}), axis=1)
         if len(metrics) > 1:
-            stats["series"] = stats["series"].map(lambda s, m=metric: f"{s} · {m}" if s != "all trials" else m)
+            label = metric_label(metric)
+            stats["series"] = stats["series"].map(lambda s, m=label: f"{s} · {m}" if s != "all trials" else m)
         stats["color"] = stats.apply(lambda r: _group_key(r, color_axes), axis=1) if color_axes else (
-            metric if len(metrics) > 1 else stats["series"])
+            metric_label(metric) if len(metrics) > 1 else stats["series"])
         stats["facet"] = stats.apply(lambda r: _group_key(r, facet_axes), axis=1) if facet_axes else ""
         frames.append(stats[cols])
     if not frames:
@@ -312,7 +328,7 @@ def _draw_curves(data: pd.DataFrame, spec: PanelSpec, *, x_title: str, y_title: 
             fig.add_trace(go.Scatter(x=xs + xs[::-1], y=list(g["hi"]) + list(g["lo"])[::-1], fill="toself",
                                      fillcolor=_rgba(c, 0.18), line={"width": 0}, hoverinfo="skip",
                                      showlegend=False, legendgroup=legend), row=row, col=col)
-        fig.add_trace(go.Scatter(x=g["x"], y=g["mean"], mode="lines+markers", marker={"size": 4},
+        fig.add_trace(go.Scatter(x=g["x"], y=g["mean"], mode=_mode(len(g)), marker={"size": 5},
                                  line={"color": c, "width": 2}, name=legend, legendgroup=legend,
                                  showlegend=legend not in shown, hovertext=series,
                                  hovertemplate="%{hovertext}<br>x=%{x}<br>y=%{y:.4f}<extra></extra>"),
@@ -327,7 +343,8 @@ def _draw_curves(data: pd.DataFrame, spec: PanelSpec, *, x_title: str, y_title: 
 def _r2_curves_draw(data: pd.DataFrame, spec: PanelSpec, ctx: RunContext) -> go.Figure:
     if data.empty:
         return empty_figure(spec, f"no {', '.join(_as_list(spec.get('y')))} reported yet")
-    metric_names = ", ".join(_sorted_unique(data["metric"]))
+    metrics = _sorted_unique(data["metric"])
+    metric_names = metric_label(metrics[0]) if len(metrics) == 1 else "value (legend: metric)"
     y_range = [-0.05, 1.05] if all(str(m).startswith(("r2", "mcc")) for m in data["metric"].unique()) else None
     return _draw_curves(data, spec, x_title=spec.get("x"), y_title=metric_names + " (mean over seeds; band: min–max)",
                         log_x=bool(spec.get("log_x")), y_range=y_range)
@@ -496,7 +513,7 @@ def _lambda_hat_draw(data: pd.DataFrame, spec: PanelSpec, ctx: RunContext) -> go
             continue
         key = dim if len(dims) > 2 else f"dim {dim}"
         name = f"Λ̂{member + 1 if data['member'].max() > 0 else ''} dim {dim}"
-        fig.add_trace(go.Scatter(x=g["x"], y=g["value"], mode="lines", name=name, legendgroup=name,
+        fig.add_trace(go.Scatter(x=g["x"], y=g["value"], mode=_mode(len(g)), name=name, legendgroup=name,
                                  showlegend=name not in shown,
                                  line={"color": colors.get(key, "#444"), "dash": dash_by_member[member % 4]}),
                       row=row, col=col)
@@ -522,7 +539,7 @@ def _loss_floor_data(df: pd.DataFrame, spec: PanelSpec, ctx: RunContext) -> pd.D
             continue
         stats = _seed_stats(sub, [*axes, x], column).rename(columns={x: "x"})
         stats["kind"] = kind
-        stats["series"] = stats.apply(lambda r: _group_key(r, axes), axis=1)
+        stats["series"] = stats.apply(lambda r: point_label({a: r[a] for a in axes}), axis=1)
         stats["color"] = stats.apply(lambda r: _group_key(r, color_axes), axis=1) if color_axes else stats["series"]
         stats["facet"] = stats.apply(lambda r: _group_key(r, facet_axes), axis=1) if facet_axes else ""
         frames.append(stats[cols])
@@ -543,7 +560,7 @@ def _loss_floor_draw(data: pd.DataFrame, spec: PanelSpec, ctx: RunContext) -> go
         row, col = where[facet]
         color = str(g["color"].iloc[0])
         name = f"{color} · {'loss' if kind == 'loss' else 'floor (ẑ = z, Λ̂ = Λ)'}"
-        fig.add_trace(go.Scatter(x=g["x"], y=g["mean"], mode="lines", name=name, legendgroup=name,
+        fig.add_trace(go.Scatter(x=g["x"], y=g["mean"], mode=_mode(len(g)), name=name, legendgroup=name,
                                  showlegend=name not in shown, hovertext=series,
                                  line={"color": colors.get(color, "#444"), "dash": "solid" if kind == "loss" else "dash"},
                                  hovertemplate="%{hovertext}<br>x=%{x}<br>%{y:.4f}<extra></extra>"),
@@ -623,7 +640,7 @@ def _scalar(v: Any) -> float | None:
 
 
 def _fixed_lambda_data(df: pd.DataFrame, spec: PanelSpec, ctx: RunContext) -> pd.DataFrame:
-    cols = ["color", "fixed_lambda", "mean", "lo", "hi", "n_seeds", "optimum"]
+    cols = ["color", "fixed_lambda", "mean", "lo", "hi", "n_seeds", "optimum", "optimum_label"]
     metric = spec.get("metric")
     if df.empty or metric not in df.columns:
         return pd.DataFrame(columns=cols)
@@ -639,13 +656,15 @@ def _fixed_lambda_data(df: pd.DataFrame, spec: PanelSpec, ctx: RunContext) -> pd
             continue
         pos = cfg.lambda_true
         neg = cfg.lambda_negative
-        optimum = (np.mean(pos) - np.mean(neg)) if neg is not None and cfg.n_hard_negatives else float(np.mean(pos))
+        hard = neg is not None and cfg.n_hard_negatives > 0
+        optimum = np.mean(pos) - np.mean(neg) if hard else np.mean(pos)  # Cor. B.1 (isotropic Λ̂)
         rows.append({"color": _group_key(r, color_axes) if color_axes else "", "fixed_lambda": fixed,
-                     "value": float(r[metric]), "optimum": float(optimum)})
+                     "value": float(r[metric]), "optimum": float(optimum),
+                     "optimum_label": "Λ⁺ − Λ⁻" if hard else "Λ⁺ (no hard negatives)"})
     if not rows:
         return pd.DataFrame(columns=cols)
     raw = pd.DataFrame(rows)
-    out = _seed_stats(raw, ["color", "fixed_lambda", "optimum"], "value")
+    out = _seed_stats(raw, ["color", "fixed_lambda", "optimum", "optimum_label"], "value")
     return out[cols].sort_values(["color", "fixed_lambda"], key=_natural_col, kind="stable").reset_index(drop=True)
 
 
@@ -662,9 +681,10 @@ def _fixed_lambda_draw(data: pd.DataFrame, spec: PanelSpec, ctx: RunContext) -> 
         fig.add_trace(go.Scatter(x=[best["fixed_lambda"]], y=[best["mean"]], mode="markers", showlegend=False,
                                  marker={"symbol": "star", "size": 14, "color": c, "line": {"width": 1, "color": "black"}},
                                  hovertemplate="lowest loss at Λ̂ = %{x:g}<extra></extra>"))
-    for i, opt in enumerate(_sorted_unique(data["optimum"])):
-        fig.add_vline(x=opt, line_dash="dash", line_color="black",
-                      annotation_text=f"Λ⁺ − Λ⁻ = {opt:g}", annotation_position="top" if i % 2 == 0 else "bottom")
+    marks = data[["optimum", "optimum_label"]].drop_duplicates().sort_values("optimum")
+    for i, (opt, label) in enumerate(marks.itertuples(index=False)):
+        fig.add_vline(x=opt, line_dash="dash", line_color="black", annotation_text=f"{label} = {opt:g}",
+                      annotation_position="top" if i % 2 == 0 else "bottom")
     fig = _finish(fig, spec, x="fixed Λ̂", y=f"final {spec.get('metric')}", log_x=bool(spec.get("log_x")))
     fig.update_layout(height=420)
     return fig
@@ -718,11 +738,13 @@ def _hist_draw(data: pd.DataFrame, spec: PanelSpec, ctx: RunContext) -> go.Figur
 
 
 # --------------------------------------------------------------------------- ensemble_bars (Fig. 11A + table)
-def _paper_value(paper: Any, key: Any) -> float | None:
+def _paper_value(paper: Any, key: Any, scale: float = 1.0) -> float | None:
+    """The paper's value for bar ``key``: a number, or a mapping with 'mean' (or 'r2'), times ``scale``."""
     if isinstance(paper, dict):
         for k, v in paper.items():
             if str(k) == str(key):
-                return _num(v) if not isinstance(v, dict) else _num(v.get("r2"))
+                x = _num(v.get("mean", v.get("r2"))) if isinstance(v, dict) else _num(v)
+                return None if x is None else x * scale
     return None
 
 
@@ -739,7 +761,7 @@ def _bars_data(df: pd.DataFrame, spec: PanelSpec, ctx: RunContext) -> pd.DataFra
     paper = ctx.paper_values
     if spec.get("paper_key"):
         paper = paper.get(spec.get("paper_key"), {}) if isinstance(paper, dict) else {}
-    out["paper"] = out["x"].map(lambda v: _paper_value(paper, v))
+    out["paper"] = out["x"].map(lambda v: _paper_value(paper, v, float(spec.get("paper_scale"))))
     order = {v: i for i, v in enumerate(_as_list(spec.get("order")))}
     out = out.sort_values(["facet", "x"], key=lambda s: s.map(lambda v: (order.get(v, len(order)), sort_key(v)))
                           if s.name == "x" else _natural_col(s), kind="stable")
@@ -849,6 +871,7 @@ PANELS: dict[str, PanelKind] = {
         {"x": Option((str,), "variant", "axis giving the bars", axis=True),
          "metric": Option((str,), "r2", "metric column"),
          "paper_key": Option((str,), None, "entry of the grid's paper_values holding the values per bar"),
+         "paper_scale": Option((float,), 1.0, "factor on the paper's values (0.01 for percentages)"),
          "order": Option((list,), None, "order of the bars"),
          "facet": Option(_COMMON_FACETS, None, "axis (or axes) giving one subplot per value", axis=True)}),
 }

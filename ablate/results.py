@@ -132,13 +132,13 @@ def load_results(run_dir: str | Path) -> pd.DataFrame:
         for it in sorted(unique):
             row = unique[it]
             rec: dict[str, Any] = {"trial_id": trial_id, "status": statuses.get(trial_id, "UNKNOWN")}
-            for axis in axes:
-                rec[axis] = _axis_value(params.get(axis))
-            rec["seed"] = params.get("seed")
             for k, v in row.items():
                 if k in _DROP or k == "trial_id":
                     continue
                 rec[k] = v
+            for axis in axes:  # the trial's settings win over a metric of the same name
+                rec[axis] = _axis_value(params.get(axis))
+            rec["seed"] = params.get("seed")
             records.append(rec)
     df = pd.DataFrame.from_records(records)
     if not df.empty:
