@@ -17,7 +17,16 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-__all__ = ["ConfigError", "FaultSpec", "LOSSES", "RunConfig", "resolve_concentration", "parse_assignments"]
+__all__ = [
+    "ConfigError",
+    "FaultSpec",
+    "LOSSES",
+    "RunConfig",
+    "parse_assignments",
+    "read_yaml_mapping",
+    "resolve_concentration",
+    "yaml_loader",
+]
 
 #: Loss names a config may use.
 LOSSES = ("aninfonce", "infonce", "ensemble_aninfonce", "tricl")
@@ -278,3 +287,20 @@ def yaml_loader() -> type:
         list("-+0123456789"),
     )
     return Loader
+
+
+def read_yaml_mapping(path, error: type[Exception], allowed_keys) -> dict[str, Any]:
+    """Safe-load a YAML file whose top level is a mapping; problems raise ``error`` naming the file and line."""
+    import yaml
+
+    try:
+        data = yaml.load(path.read_text(), Loader=yaml_loader())  # noqa: S506 (a SafeLoader subclass)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
+        raise error(f"{path}: malformed YAML at {where}: {getattr(exc, 'problem', exc)}") from None
+    except OSError as exc:
+        raise error(f"{path}: cannot read: {exc.strerror}") from None
+    if not isinstance(data, dict):
+        raise error(f"{path}: the top level must be a mapping of keys ({', '.join(sorted(allowed_keys))})")
+    return data

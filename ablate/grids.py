@@ -31,9 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from ablate.config import ConfigError, RunConfig, yaml_loader
+from ablate.config import ConfigError, RunConfig, read_yaml_mapping
 
 __all__ = [
     "GRID_DIR",
@@ -231,17 +229,7 @@ def _err(path: Path, key: str, msg: str) -> GridError:
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
-    try:
-        data = yaml.load(path.read_text(), Loader=yaml_loader())  # a SafeLoader subclass
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
-        raise GridError(f"{path}: malformed YAML at {where}: {getattr(exc, 'problem', exc)}") from None
-    except OSError as exc:
-        raise GridError(f"{path}: cannot read: {exc.strerror}") from None
-    if not isinstance(data, dict):
-        raise GridError(f"{path}: the top level must be a mapping of keys ({', '.join(sorted(_TOP_KEYS))})")
-    return data
+    return read_yaml_mapping(path, GridError, _TOP_KEYS)
 
 
 def _check_mapping(path: Path, key: str, value: Any) -> dict[str, Any]:

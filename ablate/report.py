@@ -32,9 +32,8 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import yaml
 
-from ablate.config import ConfigError, RunConfig
+from ablate.config import ConfigError, RunConfig, read_yaml_mapping
 from ablate.grids import Grid, GridError, config_from_params, load_grid
 from ablate.panels import PANELS, PanelSpec, RunContext, final_rows, panel_data, panel_figure
 from ablate.results import RunReader, _axis_value, load_results
@@ -167,16 +166,7 @@ def load_dashboard(name_or_path: str | Path, grid: Grid | None = None) -> Dashbo
         if str(name_or_path) not in specs:
             raise SpecError(f"no dashboard spec for grid {name_or_path!r}; known: {', '.join(specs)}")
         p = specs[str(name_or_path)]
-    try:
-        data = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
-        raise SpecError(f"{p}: malformed YAML at {at}: {getattr(exc, 'problem', exc)}") from None
-    except OSError as exc:
-        raise SpecError(f"{p}: cannot read: {exc.strerror}") from None
-    if not isinstance(data, dict):
-        raise SpecError(f"{p}: the top level must be a mapping of keys ({', '.join(sorted(_TOP_KEYS))})")
+    data = read_yaml_mapping(p, SpecError, _TOP_KEYS)
     for key in data:
         if key not in _TOP_KEYS:
             raise SpecError(f"{p}: {key}: unknown key; allowed: {', '.join(sorted(_TOP_KEYS))}")

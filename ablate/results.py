@@ -83,8 +83,12 @@ class RunReader:
             raise RunError(f"{self.uri}/{RUN_MARKER}: damaged run marker ({exc})") from None
         return info
 
-    def statuses(self) -> dict[str, str]:
-        """trial_id → Ray status, from the newest experiment state (JSON fields only)."""
+    def trial_states(self) -> dict[str, dict[str, Any]]:
+        """trial_id → {status, params, failures} from the newest experiment state (JSON fields only).
+
+        The newest is the one with the latest session timestamp in its name: Ray's storage sync rewrites
+        every file at the end of a run, so modification times cannot tell.
+        """
         names = self.list_files("experiment_state")
         if not names:
             return {}
@@ -96,8 +100,25 @@ class RunReader:
         out = {}
         for entry in data.get("trial_data", []):
             info = json.loads(entry[0])
-            out[info["trial_id"]] = info.get("status", "UNKNOWN")
+            meta = json.loads(entry[1]) if len(entry) > 1 else {}
+            out[info["trial_id"]] = {"status": info.get("status", "UNKNOWN"),
+                                     "params": info.get("evaluated_params", {}),
+                                     "failures": meta.get("num_failures", 0)}
         return out
+
+    def statuses(self) -> dict[str, str]:
+        """trial_id → Ray status, from the newest experiment state."""
+        return {k: v["status"] for k, v in self.trial_states().items()}
+
+    def results(self, trial_dir: str) -> list[dict[str, Any]]:
+        """A trial's reports from its result.json (a line being written right now is skipped)."""
+        rows = []
+        for line in (self.read_text(trial_dir, "result.json") or "").splitlines():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+        return rows
 
 
 def _axis_value(v: Any) -> Any:
@@ -118,16 +139,9 @@ def load_results(run_dir: str | Path) -> pd.DataFrame:
     records: list[dict[str, Any]] = []
     for name in reader.list_dirs("trial_"):
         params_text = reader.read_text(name, "params.json")
-        result_text = reader.read_text(name, "result.json") or ""
         params = json.loads(params_text) if params_text else {}
         trial_id = name.removeprefix("trial_")
-        rows = []
-        for line in result_text.splitlines():
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:  # a line being written right now
-                continue
-            rows.append(row)
+        rows = reader.results(name)
         unique = {row.get("training_iteration", 0): row for row in rows}  # a replayed report supersedes
         for it in sorted(unique):
             row = unique[it]

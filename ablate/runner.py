@@ -282,7 +282,7 @@ def run_grid(
         raise RunError(f"{run_dir} already holds a run: add --resume to continue it, or choose another --name")
 
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
-    os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "5")
+    os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "0")  # snapshot after every report: a killed driver replays ≤ 1
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     os.environ.setdefault("TUNE_MAX_PENDING_TRIALS_PG", str(max(4, (num_cpus or os.cpu_count() or 2) * 2)))

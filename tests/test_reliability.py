@@ -1,0 +1,144 @@
+"""Crash tests with real processes: kill -9 a trial's worker, kill -9 the driver at random moments."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+REPORTS = 12
+STEPS = 5 * REPORTS
+
+
+def _cmd(storage: Path, name: str, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "ablate.cli", "run", "batch_vs_dim", "--scale", "smoke", "--storage",
+            str(storage), "--name", name, "--max-concurrent", "1", "--set", f"max_steps={STEPS}", *extra]
+
+
+def _rows(run_dir: Path) -> dict[str, list[dict]]:
+    out = {}
+    for d in sorted(run_dir.glob("trial_*")):
+        path = d / "result.json"
+        if path.exists():
+            rows = []
+            for line in path.read_text().splitlines():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError:  # torn last line of a killed writer
+                    pass
+            out[d.name] = rows
+    return out
+
+
+def _final_by_point(run_dir: Path) -> dict[tuple, dict]:
+    out = {}
+    for rows in _rows(run_dir).values():
+        last = rows[-1]
+        cfg = last["config"]
+        out[(cfg["batch_size"], cfg["latent_dim"], cfg["seed"])] = last
+    return out
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+
+def _start(cmd: list[str]) -> subprocess.Popen:
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_env(),
+                            start_new_session=True)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> dict[tuple, dict]:
+    storage = tmp_path_factory.mktemp("clean")
+    res = subprocess.run(_cmd(storage, "clean"), capture_output=True, text=True, env=_env(), timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    return _final_by_point(storage / "clean")
+
+
+def _trainable_pids() -> list[int]:
+    out = subprocess.run(["pgrep", "-f", "Trainable"], capture_output=True, text=True).stdout.split()
+    return [int(p) for p in out if int(p) != os.getpid()]
+
+
+def test_killed_worker_is_retried_from_its_checkpoint(tmp_path, uninterrupted):
+    proc = _start(_cmd(tmp_path, "r"))
+    run_dir = tmp_path / "r"
+    killed = None
+    deadline = time.time() + 240
+    try:
+        while time.time() < deadline and killed is None:
+            partial = [k for k, v in _rows(run_dir).items() if 3 <= len(v) < REPORTS - 2]
+            pids = _trainable_pids()
+            if partial and pids:
+                os.kill(pids[0], signal.SIGKILL)
+                killed = partial[0]
+            assert proc.poll() is None, "the run ended before a worker could be killed"
+            time.sleep(0.05)
+        assert killed, "never found a running trial to kill"
+        assert proc.wait(timeout=300) == 0, "the experiment did not finish after the worker was killed"
+    finally:
+        _kill_group(proc)
+    rows = _rows(run_dir)
+    assert len(rows) == 4
+    for name, trial_rows in rows.items():
+        steps = sorted({r["step"] for r in trial_rows})
+        assert steps == list(range(5, STEPS + 1, 5)), f"{name}: missing reports {steps}"
+    assert _final_by_point(run_dir).keys() == uninterrupted.keys()
+    for point, last in _final_by_point(run_dir).items():
+        assert last["r2"] == uninterrupted[point]["r2"], point
+
+
+def test_repeated_driver_kills_never_lose_progress(tmp_path, uninterrupted):
+    """Ray's experiment-restore test as the model: kill -9 the driver three times at random moments."""
+    rng = random.Random(7)
+    run_dir = tmp_path / "r"
+    progress = 0
+    replayed = []
+    for attempt in range(3):
+        extra = ["--resume"] if attempt else []
+        proc = _start(_cmd(tmp_path, "r", *extra))
+        deadline = time.time() + 240
+        target = progress + rng.randint(3, 8)  # kill once a few more reports landed
+        while time.time() < deadline and proc.poll() is None:
+            done_reports = sum(len({r["step"] for r in v}) for v in _rows(run_dir).values())
+            if done_reports >= target:
+                break
+            time.sleep(0.05)
+        time.sleep(rng.uniform(0.0, 0.5))
+        _kill_group(proc)
+        rows = _rows(run_dir)
+        now = sum(len({r["step"] for r in v}) for v in rows.values())
+        assert now >= progress, "progress went backwards"
+        replayed.append(sum(len(v) - len({r["step"] for r in v}) for v in rows.values()))
+        progress = now
+    res = subprocess.run(_cmd(tmp_path, "r", "--resume"), capture_output=True, text=True, env=_env(), timeout=300)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    rows = _rows(run_dir)
+    assert len(rows) == 4
+    for name, trial_rows in rows.items():
+        steps = [r["step"] for r in trial_rows]
+        assert sorted(set(steps)) == list(range(5, STEPS + 1, 5)), f"{name}: {steps}"
+        # a killed in-flight trial replays at most one report period per kill
+        assert len(steps) - len(set(steps)) <= 3, f"{name} replayed too much: {steps}"
+    final = _final_by_point(run_dir)
+    assert final.keys() == uninterrupted.keys()
+    for point, last in final.items():
+        assert last["r2"] == uninterrupted[point]["r2"] and last["loss"] == uninterrupted[point]["loss"], point
