@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import run_logged
 
 pytestmark = pytest.mark.slow
 
@@ -52,8 +53,8 @@ def ray_head():
 def test_run_joins_an_existing_cluster(ray_head, tmp_path):
     cmd = [sys.executable, "-m", "ablate.cli", "run", "batch_vs_dim", "--scale", "smoke", "--storage",
            str(tmp_path), "--address", ray_head]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    assert "summary (4 trials" in res.stdout
+    code, out = run_logged(cmd, tmp_path / "run.log")
+    assert code == 0, out[-3000:]
+    assert "summary (4 trials" in out
     trials = list((tmp_path / "batch_vs_dim-smoke").glob("trial_*/result.json"))
     assert len(trials) == 4

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import run_logged
 
 pytestmark = pytest.mark.slow
 
@@ -68,8 +69,8 @@ def _kill_group(proc: subprocess.Popen) -> None:
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory) -> dict[tuple, dict]:
     storage = tmp_path_factory.mktemp("clean")
-    res = subprocess.run(_cmd(storage, "clean"), capture_output=True, text=True, env=_env(), timeout=300)
-    assert res.returncode == 0, res.stderr[-2000:]
+    code, out = run_logged(_cmd(storage, "clean"), storage / "clean.log", env=_env())
+    assert code == 0, out[-3000:]
     return _final_by_point(storage / "clean")
 
 
@@ -129,8 +130,8 @@ def test_repeated_driver_kills_never_lose_progress(tmp_path, uninterrupted):
         assert now >= progress, "progress went backwards"
         replayed.append(sum(len(v) - len({r["step"] for r in v}) for v in rows.values()))
         progress = now
-    res = subprocess.run(_cmd(tmp_path, "r", "--resume"), capture_output=True, text=True, env=_env(), timeout=300)
-    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    code, out = run_logged(_cmd(tmp_path, "r", "--resume"), tmp_path / "final.log", env=_env())
+    assert code == 0, out[-3000:]
     rows = _rows(run_dir)
     assert len(rows) == 4
     for name, trial_rows in rows.items():

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import run_logged
 
 from ablate import cli
 from ablate.grids import GridError, known_grids, load_grid, n_reports
@@ -113,8 +114,8 @@ def test_resume_after_driver_kill(tmp_path):
     checkpoints = {k: sorted(int(p.name.split("_")[1]) for p in (run_dir / k).glob("checkpoint_*"))
                    for k, v in before.items() if len(v) < reports}
 
-    res = subprocess.run(cmd + ["--resume"], capture_output=True, text=True, env=env, timeout=300)
-    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    code, out = run_logged(cmd + ["--resume"], tmp_path / "resume.log", env=env)
+    assert code == 0, out[-3000:]
     after = _trial_rows(run_dir)
     assert len(after) == 4
     for k, n in finished.items():
@@ -127,9 +128,8 @@ def test_resume_after_driver_kill(tmp_path):
             # the first report after the resume continues from the last checkpoint, not from step 0
             assert resumed_rows[0]["step"] > 5, f"{k} restarted from scratch: {steps}"
             assert resumed_rows[0]["step"] <= before[k][-1]["step"] + 5, f"{k} skipped reports: {steps}"
-    status = subprocess.run([sys.executable, "-m", "ablate.cli", "status", str(run_dir)], capture_output=True,
-                            text=True, timeout=120)
-    assert status.returncode == 0 and "finished: 4" in status.stdout, status.stdout + status.stderr
+    code, out = run_logged([sys.executable, "-m", "ablate.cli", "status", str(run_dir)], tmp_path / "status.log")
+    assert code == 0 and "finished: 4" in out, out
 
 
 BAD_GRIDS = {
@@ -141,11 +141,15 @@ BAD_GRIDS = {
     "d < 2": ("base: {latent_dim: 1}\n", "latent_dim"),
     "lambda list length": ("base: {latent_dim: 3, concentration: [1, 2]}\n", "latent_dim=3"),
     "unknown setting": ("base: {learning_rate: 1}\n", "base.learning_rate: unknown setting"),
+    "steps < 1": ("stop: {max_steps: 0}\n", "stop.max_steps: must be an integer >= 1"),
+    "acceptance too low": ("base: {latent_dim: 64, concentration: 0.5}\n", "acceptance"),
+    "reversed range": ("search: optuna\noptuna: {space: {lr: {uniform: [1, 0]}}}\n", "empty or reversed range"),
+    "empty choice": ("search: optuna\noptuna: {space: {batch_size: {choice: []}}}\n", "non-empty list"),
+    "unknown distribution": ("search: optuna\noptuna: {space: {lr: {normal: [0, 1]}}}\n", "optuna.space.lr"),
 }
 
 GOOD = """name: bad
 scales: {smoke: {}, laptop: {}, paper: {}}
-stop: {max_steps: 5}
 """
 
 
@@ -159,7 +163,8 @@ def test_bad_grid_is_refused_before_ray_starts(case, tmp_path, monkeypatch, caps
     monkeypatch.setattr(ablate.runner, "init_ray", no_ray)
     extra, expected = BAD_GRIDS[case]
     path = tmp_path / "bad.yaml"
-    path.write_text(GOOD + extra)
+    stop = "" if extra.startswith("stop:") else "stop: {max_steps: 5}\n"
+    path.write_text(GOOD + stop + extra)
     code = cli.main(["run", str(path), "--scale", "smoke", "--storage", str(tmp_path / "runs")])
     err = capsys.readouterr().err
     assert code == 2
