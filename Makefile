@@ -21,7 +21,7 @@ run: setup
 	$(BIN)/ablate run batch_vs_dim
 
 test: setup
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=25
 
 lint: setup
 	$(BIN)/ruff check ablate tests
