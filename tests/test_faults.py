@@ -96,3 +96,21 @@ def test_unwritable_storage_is_refused(tmp_path, capsys):
     blocker.write_text("not a folder")
     assert cli.main(["run", "batch_vs_dim", "--scale", "smoke", "--storage", str(blocker / "runs")]) == 2
     assert "not writable" in capsys.readouterr().err
+
+
+def test_nonfinite_trial_under_optuna_is_recorded_as_failed(ray_session, tmp_path):
+    from ablate.grids import load_grid as load
+
+    path = tmp_path / "diverging.yaml"
+    path.write_text(
+        "name: diverging\nsearch: optuna\n"
+        "base: {latent_dim: 3, batch_size: 16, encoder_widths: [2, 2], eval_samples: 64, report_every: 5,\n"
+        "       generator_cond_samples: 200, concentration: 75, normalize_output: false, lr_lambda: 1.0e+30}\n"
+        "optuna: {space: {lr: {choice: [1.0e+30]}}, num_samples: 2, grace_period: 1}\n"
+        "stop: {max_steps: 15}\nscales: {smoke: {}, laptop: {}, paper: {}}\n"
+    )
+    outcome = run_grid(load(str(path), "smoke"), storage=str(tmp_path), verbose=0, max_failures=0)
+    assert len(outcome.trials) == 2
+    for t in outcome.trials:
+        assert t.status == "ERROR" and "NonFiniteLossError" in (t.error or ""), (t.status, t.error, t.last)
+    assert outcome.best_config is None
