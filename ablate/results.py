@@ -81,6 +81,8 @@ class RunReader:
             info = json.loads(text)
         except json.JSONDecodeError as exc:
             raise RunError(f"{self.uri}/{RUN_MARKER}: damaged run marker ({exc})") from None
+        if not isinstance(info, dict) or "grid" not in info:
+            raise RunError(f"{self.uri}/{RUN_MARKER}: not an ablate run marker")
         return info
 
     def trial_states(self) -> dict[str, dict[str, Any]]:

@@ -70,18 +70,9 @@ def resolve_run_dir(storage: str, name: str) -> str:
 
 def check_run_dir(run_dir: str | os.PathLike) -> dict[str, Any]:
     """Return the run marker of a directory ablate wrote; refuse any other directory."""
-    marker = Path(run_dir) / RUN_MARKER
-    if not marker.is_file():
-        raise RunError(
-            f"{run_dir}: not an ablate run directory (no {RUN_MARKER}); ablate reads only runs it wrote itself"
-        )
-    try:
-        info = json.loads(marker.read_text())
-    except json.JSONDecodeError as exc:
-        raise RunError(f"{marker}: damaged run marker ({exc})") from None
-    if not isinstance(info, dict) or "grid" not in info:
-        raise RunError(f"{marker}: not an ablate run marker")
-    return info
+    from ablate.results import RunReader  # results imports this module
+
+    return RunReader(run_dir).marker()
 
 
 def probe_acceptance(grid: Grid) -> None:
