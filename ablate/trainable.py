@@ -64,6 +64,8 @@ class AblateTrainable(tune.Trainable):
         self._build(config)
 
     def _build(self, config: dict[str, Any]) -> None:
+        if "grid" not in config:  # never silently train RunConfig defaults for a trial that lost its point
+            raise ValueError(f"trial {self.trial_name}: its config has no grid point (keys: {sorted(config)})")
         self.params = dict(config)
         self.run_config = config_from_params(config, f"trial {self.trial_name}")
         self.experiment = Experiment(self.run_config)
