@@ -175,6 +175,19 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_claims(args: argparse.Namespace) -> int:
+    from ablate.claims import evaluate_run, markdown_table, text_report
+
+    results = []
+    for run_dir in args.run_dir:
+        found = evaluate_run(run_dir)
+        if not found and not args.markdown:
+            print(f"{run_dir}: its grid decides no claim of docs/reproduction.md")
+        results += found
+    print(markdown_table(results) if args.markdown else text_report(results))
+    return 0
+
+
 def cmd_dashboard(args: argparse.Namespace) -> int:
     from ablate.dashboard import serve
 
@@ -233,6 +246,11 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("run_dir")
     ex.add_argument("--out", help="FILE.csv or FILE.parquet (default: RUN_DIR/results.csv)")
     ex.set_defaults(func=cmd_export)
+
+    cl = sub.add_parser("claims", help="check runs against the papers' claims (docs/reproduction.md)")
+    cl.add_argument("run_dir", nargs="+")
+    cl.add_argument("--markdown", action="store_true", help="print the summary table of docs/reproduction.md")
+    cl.set_defaults(func=cmd_claims)
 
     db = sub.add_parser("dashboard", help="start (or find) the local Ray head and print its dashboard URL")
     db.add_argument("--host", help="interface the dashboard binds to (default 127.0.0.1; others warn)")
