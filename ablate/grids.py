@@ -114,6 +114,27 @@ class Grid:
     optuna: dict[str, Any] = field(default_factory=dict)
     chosen: list[dict[str, Any]] = field(default_factory=list)
     paper_values: dict[str, Any] = field(default_factory=dict)
+    preset: str | None = None  # the named preset applied on top of the base (see apply_settings)
+
+    def apply_settings(self, settings: dict[str, Any], source: str, *, axes_win: bool) -> list[str]:
+        """Set RunConfig ``settings`` for every trial; return the keys left to the grid's axes.
+
+        ``max_steps`` and ``target_r2`` go to ``stop``, the rest to ``base``. With ``axes_win`` (a preset) an
+        axis, Optuna dimension or variant of the same name keeps its values; without it (``--set``) the
+        setting replaces the axis. The trials are validated again, so a bad value fails here.
+        """
+        kept = []
+        for key, value in settings.items():
+            if key not in RunConfig.model_fields:
+                raise GridError(f"{source} {key}: unknown setting; allowed: {', '.join(sorted(RunConfig.model_fields))}")
+            varied = key in self.axes or key in self.optuna.get("space", {}) or any(key in v for v in self.variants)
+            if varied and axes_win:
+                kept.append(key)
+                continue
+            self.axes.pop(key, None)
+            (self.stop if key in ("max_steps", "target_r2") else self.base)[key] = copy.deepcopy(value)
+        self.trials  # noqa: B018 - re-validate every trial with the new settings
+        return kept
 
     @property
     def trials(self) -> list[Trial]:

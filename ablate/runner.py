@@ -7,7 +7,9 @@ without it, so nothing is ever unpickled from a directory ablate did not write.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import math
 import os
 import time
@@ -17,10 +19,12 @@ from typing import Any
 
 from ablate import __version__
 from ablate.grids import Grid, GridError, axis_text, n_reports
+from ablate.snapshots import BACKUP_DIR, DISCARDED_DIR, SnapshotError, choose_snapshot
 
 __all__ = ["RUN_MARKER", "RunError", "RunOutcome", "TrialOutcome", "check_run_dir", "probe_acceptance", "run_grid"]
 
 RUN_MARKER = "ablate_run.json"
+_log = logging.getLogger("ablate.runner")
 #: Metrics shown in the live progress table.
 PROGRESS_METRICS = ("step", "r2", "loss", "mcc")
 
@@ -50,6 +54,7 @@ class RunOutcome:
     trials: list[TrialOutcome] = field(default_factory=list)
     best_config: dict[str, Any] | None = None
     wall_s: float = 0.0
+    set_aside: dict[str, str] = field(default_factory=dict)  # torn snapshot files moved aside on resume
 
     @property
     def failed(self) -> list[TrialOutcome]:
@@ -120,6 +125,7 @@ def _write_marker(run_dir: str, grid: Grid) -> None:
         "ablate_version": __version__,
         "grid": grid.name,
         "scale": grid.scale,
+        "preset": grid.preset,
         "grid_file": str(grid.path),
         "grid_yaml": Path(grid.path).read_text(),
         "search": grid.search,
@@ -202,10 +208,14 @@ def auth_hint() -> str:
     return (f"auth: {mode}; the dashboard asks for the token in {token} (print it with `ray get-auth-token`)")
 
 
-def _callbacks(tensorboard: bool) -> list:
+def _callbacks(tensorboard: bool, local: bool) -> list:
+    """Result loggers and the snapshot keeper. A local run directory gets ablate's append-only result log;
+    remote storage (s3://, gs://) keeps Ray's JSON and CSV loggers, which reach it through Ray's sync."""
     from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 
-    cbs: list = [JsonLoggerCallback(), CSVLoggerCallback()]
+    from ablate.tune_callbacks import ResultLog, SnapshotKeeper
+
+    cbs: list = [ResultLog(), SnapshotKeeper()] if local else [JsonLoggerCallback(), CSVLoggerCallback()]
     if tensorboard:
         from ray.tune.logger import TBXLoggerCallback
 
@@ -252,23 +262,28 @@ def run_grid(
     Everything is validated before Ray starts: the grid, the sampler's acceptance, the storage.
     ``on_start(run_dir, dashboard_url)`` is called once Ray is up (the CLI prints it).
     """
-    run_name = name or f"{grid.name}-{grid.scale}"
+    run_name = name or f"{grid.name}-{grid.scale}" + (f"-{grid.preset}" if grid.preset else "")
     run_dir = resolve_run_dir(storage, run_name)
     probe_acceptance(grid)
     _check_writable(storage)
     local = not _is_remote(run_dir)
-    state_exists = local and any(Path(run_dir).glob("experiment_state*.json"))
+    set_aside: dict[str, str] = {}
+    state_exists = local and (any(Path(run_dir).glob("experiment_state*.json"))
+                              or any(Path(run_dir, BACKUP_DIR).glob("*/experiment_state*.json")))
     if resume:
         if local and not Path(run_dir).exists():
             raise RunError(f"--resume: nothing to resume at {run_dir} (no such run)")
         info = check_run_dir(run_dir) if local else None
-        if info is not None and (info["grid"], info["scale"]) != (grid.name, grid.scale):
+        if info is not None and (info["grid"], info["scale"], info.get("preset")) != (grid.name, grid.scale,
+                                                                                       grid.preset):
             raise RunError(
-                f"--resume: {run_dir} was made from grid {info['grid']!r} at scale {info['scale']!r}, "
-                f"not {grid.name!r} at {grid.scale!r}"
+                f"--resume: {run_dir} was made from grid {info['grid']!r} at scale {info['scale']!r} with preset "
+                f"{info.get('preset')!r}, not {grid.name!r} at {grid.scale!r} with preset {grid.preset!r}"
             )
         if local and not state_exists:
             raise RunError(f"--resume: nothing to resume at {run_dir} (no experiment state)")
+        if local:
+            set_aside = _choose_snapshot(run_dir)
     elif state_exists:
         raise RunError(f"{run_dir} already holds a run: add --resume to continue it, or choose another --name")
 
@@ -302,13 +317,15 @@ def run_grid(
                 checkpoint_config=tune.CheckpointConfig(num_to_keep=keep_checkpoints, checkpoint_frequency=1,
                                                         checkpoint_at_end=True),
                 failure_config=tune.FailureConfig(max_failures=max_failures),
-                callbacks=_callbacks(tensorboard),
+                callbacks=_callbacks(tensorboard, local),
                 progress_reporter=_reporter(grid),
                 verbose=verbose,
             ),
         )
-    results = tuner.fit()
-    outcome = RunOutcome(run_dir=Path(run_dir), grid=grid, wall_s=time.time() - started)
+    with _refuse_silent_restart(run_dir) if resume else contextlib.nullcontext():
+        results = tuner.fit()
+    outcome = RunOutcome(run_dir=Path(run_dir), grid=grid, wall_s=time.time() - started,
+                         set_aside=set_aside)
     for result in results:
         cfg = result.config or {}
         trial_id = (result.metrics or {}).get("trial_id") or Path(result.path).name
@@ -318,6 +335,48 @@ def run_grid(
     if grid.search == "optuna":
         outcome.best_config = _save_best(results, grid, run_dir)
     return outcome
+
+
+def _choose_snapshot(run_dir: str) -> dict[str, str]:
+    """Resume from the newest complete snapshot; say which torn files were set aside and why."""
+    try:
+        choice = choose_snapshot(run_dir)
+    except SnapshotError as exc:
+        raise RunError(f"--resume: {exc}") from exc
+    if choice.discarded:
+        source = f"ablate's backup in {BACKUP_DIR}/" if choice.from_backup else "the run directory"
+        _log.warning("--resume: the newest snapshot was torn by a kill (%s); moved %s to %s/ and resuming from "
+                     "session %s as saved in %s", "; ".join(sorted(set(choice.discarded.values()))),
+                     ", ".join(choice.discarded), Path(run_dir, DISCARDED_DIR), choice.session, source)
+    return choice.discarded
+
+
+class _RestoreFailed(logging.Filter):
+    """Turn Ray's "Failed to restore the run state" (after which it restarts from scratch) into an error."""
+
+    def __init__(self, run_dir: str):
+        super().__init__()
+        self.run_dir = run_dir
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.getMessage().startswith("Failed to restore the run state"):
+            exc = record.exc_info[1] if record.exc_info else None
+            cause = f" ({type(exc).__name__}: {exc})" if exc is not None else ""
+            raise RunError(f"--resume: Ray could not read the experiment state in {self.run_dir}{cause}; "
+                           "stopped instead of restarting the grid from scratch")
+        return True
+
+
+@contextlib.contextmanager
+def _refuse_silent_restart(run_dir: str):
+    """While resuming, a failed restore raises instead of letting Ray start an empty experiment."""
+    logger = logging.getLogger("ray.tune.execution.tune_controller")
+    guard = _RestoreFailed(run_dir)
+    logger.addFilter(guard)
+    try:
+        yield
+    finally:
+        logger.removeFilter(guard)
 
 
 def _tune_config(grid: Grid, max_concurrent: int | None):

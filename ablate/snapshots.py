@@ -1,0 +1,191 @@
+"""Pick a complete experiment snapshot before Ray Tune resumes a run, without unpickling anything.
+
+Ray Tune snapshots a run as a set of files per driver session ``S`` (a timestamp): ``experiment_state-S.json``
+(the trials), the search algorithm's state (``basic-variant-state-S.json`` for a grid, or
+``search_gen_state-S.json`` plus ``searcher-state-S.pkl`` for Optuna) and, when a callback keeps state,
+``callback-states-S.pkl``. It writes them in a staging folder and copies them into the run directory in
+the background, one file after another and not atomically. A driver killed during that copy leaves the
+newest session's set torn: a truncated file, or the experiment state without its searcher state.
+
+Ray then fails to read it and, instead of stopping, logs "Failed to restore the run state" and starts a
+*new* experiment from an empty search space: one trial with no parameters. :func:`choose_snapshot` guards
+against that: it keeps the newest session whose files are all complete and moves the files of newer, torn
+sessions into ``.ablate_discarded/`` (nothing is deleted), so Ray resumes from the last consistent
+snapshot. Completeness is checked by parsing: JSON with :func:`json.loads`, pickles by walking their
+opcodes with :mod:`pickletools` (which executes nothing).
+
+A torn *only* session (the first driver killed mid-copy) leaves nothing older to fall back to, so the
+runner also keeps its own copy: :func:`save_backup` copies the staging folder's newest session, which Ray
+has just written in full, into ``.ablate_snapshot/<generation>/`` (a folder renamed into place, so it is
+never half-written). :func:`choose_snapshot` puts that copy back when it is the newest complete one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickletools
+import re
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["BACKUP_DIR", "DISCARDED_DIR", "SnapshotChoice", "SnapshotError", "choose_snapshot", "file_problem",
+           "save_backup", "sessions"]
+
+DISCARDED_DIR = ".ablate_discarded"
+BACKUP_DIR = ".ablate_snapshot"
+_KEEP_BACKUPS = 2
+_EXPERIMENT = re.compile(r"^experiment_state-(?P<session>.+)\.json$")
+# per-session files: name template -> how the file is encoded
+_SESSION_FILES = {
+    "experiment_state-{}.json": "json",
+    "basic-variant-state-{}.json": "pickle",
+    "search_gen_state-{}.json": "pickle",
+    "searcher-state-{}.pkl": "pickle",
+    "callback-states-{}.pkl": "pickle",
+}
+_SEARCHER_FILES = ("basic-variant-state-{}.json", "search_gen_state-{}.json")
+
+
+class SnapshotError(RuntimeError):
+    """No complete experiment snapshot is left in a run directory."""
+
+
+@dataclass
+class SnapshotChoice:
+    """The session a resume continues from, and the torn newer sessions set aside."""
+
+    session: str
+    discarded: dict[str, str] = field(default_factory=dict)  # file name -> why it was set aside
+    from_backup: bool = False  # the files were put back from .ablate_snapshot/
+
+
+def file_problem(path: Path, kind: str) -> str | None:
+    """Why ``path`` is not a complete ``kind`` ('json' or 'pickle') file, or None when it is complete."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        return f"unreadable ({exc.strerror})"
+    if not data:
+        return "empty"
+    if kind == "json":
+        try:
+            state = json.loads(data)
+        except ValueError as exc:
+            return f"not complete JSON ({exc})"
+        if not isinstance(state, dict) or "trial_data" not in state or "runner_data" not in state:
+            return "JSON without Ray's trial_data and runner_data"
+        return None
+    try:
+        opcodes = [op.name for op, _arg, _pos in pickletools.genops(data)]
+    except Exception as exc:  # noqa: BLE001 - pickletools raises ValueError, KeyError, struct errors...
+        return f"truncated pickle ({type(exc).__name__}: {exc})"
+    if not opcodes or opcodes[-1] != "STOP":
+        return "truncated pickle (no STOP opcode)"
+    return None
+
+
+def _session_problems(folder: Path, session: str) -> list[str]:
+    problems = []
+    for template, kind in _SESSION_FILES.items():
+        path = folder / template.format(session)
+        if path.exists():
+            why = file_problem(path, kind)
+            if why:
+                problems.append(f"{path.name}: {why}")
+    if not any((folder / t.format(session)).exists() for t in _SEARCHER_FILES):
+        problems.append(f"experiment_state-{session}.json: its search algorithm state was never written")
+    return problems
+
+
+def sessions(folder: str | Path) -> list[str]:
+    """Session names of the experiment snapshots directly in ``folder``, newest first."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    names = (_EXPERIMENT.match(p.name) for p in folder.iterdir() if p.is_file())
+    return sorted((m["session"] for m in names if m), reverse=True)
+
+
+def save_backup(staging_dir: str | Path, run_dir: str | Path) -> Path | None:
+    """Copy the newest session's snapshot files from Ray's ``staging_dir`` into ``run_dir/.ablate_snapshot/``.
+
+    Call it right after Ray wrote the staging folder (Ray writes it whole, in the driver's thread). The copy
+    lands in a temporary folder renamed into place; only the last two generations are kept.
+    """
+    staging_dir, root = Path(staging_dir), Path(run_dir) / BACKUP_DIR
+    found = sessions(staging_dir)
+    if not found:
+        return None
+    files = [staging_dir / t.format(found[0]) for t in _SESSION_FILES]
+    root.mkdir(exist_ok=True)
+    tmp = root / f"tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    for path in files:
+        if path.exists():
+            shutil.copy2(path, tmp / path.name)
+    final = root / f"{time.time_ns():020d}"
+    os.rename(tmp, final)
+    for old in sorted(p for p in root.iterdir() if p.name.isdigit())[:-_KEEP_BACKUPS]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def _backups(run_dir: Path) -> list[Path]:
+    root = run_dir / BACKUP_DIR
+    return sorted((p for p in root.iterdir() if p.is_dir() and p.name.isdigit()), reverse=True) if root.is_dir() else []
+
+
+def choose_snapshot(run_dir: str | Path) -> SnapshotChoice:
+    """Make the newest complete snapshot of ``run_dir`` the one Ray resumes from.
+
+    Candidates, newest session first (at equal sessions the run directory's own files before the backup):
+    every session in ``run_dir`` and every generation in ``.ablate_snapshot/``. Files of torn sessions at
+    least as new as the pick are moved into ``.ablate_discarded/``; a picked backup is copied back into
+    ``run_dir``. Raises :class:`SnapshotError` naming every problem when no candidate is complete.
+    """
+    run_dir = Path(run_dir)
+    candidates = [(session, 1, run_dir) for session in sessions(run_dir)]
+    for backup in _backups(run_dir):
+        candidates += [(session, 0, backup) for session in sessions(backup)[:1]]
+    if not candidates:
+        raise SnapshotError(f"{run_dir}: no experiment_state-*.json to resume from")
+    torn: dict[str, list[str]] = {}
+    for session, _, folder in sorted(candidates, key=lambda c: (c[0], c[1]), reverse=True):
+        problems = _session_problems(folder, session)
+        if problems:
+            if folder == run_dir:
+                torn[session] = problems
+            continue
+        choice = SnapshotChoice(session, from_backup=folder != run_dir)
+        for newer, why in torn.items():
+            choice.discarded.update(_set_aside(run_dir, newer, "; ".join(why)))
+        if choice.from_backup:
+            _put_back(folder, run_dir, session)
+        return choice
+    detail = "; ".join(p for problems in torn.values() for p in problems)
+    raise SnapshotError(f"{run_dir}: every experiment snapshot is damaged, so it cannot be resumed ({detail})")
+
+
+def _put_back(backup: Path, run_dir: Path, session: str) -> None:
+    for template in _SESSION_FILES:
+        source = backup / template.format(session)
+        if source.exists():
+            tmp = run_dir / f".{source.name}.tmp-{os.getpid()}"
+            shutil.copy2(source, tmp)
+            os.replace(tmp, run_dir / source.name)
+
+
+def _set_aside(run_dir: Path, session: str, why: str) -> dict[str, str]:
+    target = run_dir / DISCARDED_DIR
+    moved = {}
+    for template in _SESSION_FILES:
+        path = run_dir / template.format(session)
+        if path.exists():
+            target.mkdir(exist_ok=True)
+            shutil.move(str(path), target / path.name)
+            moved[path.name] = why
+    return moved

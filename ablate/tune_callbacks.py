@@ -1,0 +1,100 @@
+"""Driver-side Ray Tune callbacks of the runner (imported only once Ray is needed)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+
+from ray.tune import Callback
+from ray.tune.utils.util import SafeFallbackEncoder
+
+from ablate.snapshots import save_backup
+
+__all__ = ["RESULT_FILE", "PARAMS_FILE", "ResultLog", "SnapshotKeeper", "append_row"]
+
+RESULT_FILE = "result.json"
+PARAMS_FILE = "params.json"
+
+_log = logging.getLogger("ablate.runner")
+
+
+class SnapshotKeeper(Callback):
+    """Back up each experiment snapshot Ray writes, so a driver killed mid-copy can still be resumed.
+
+    Ray saves its snapshot into a staging folder in the driver's thread at every controller step, then copies
+    it into the run directory in the background (not atomically). Right after a step that saw a result, this
+    copies the staging folder's snapshot, complete by construction, into ``.ablate_snapshot/`` (at most once
+    a second, but always after a trial ends). Local run directories only. It keeps no paths of its own: it is
+    pickled into ``tuner.pkl`` and must follow a run directory that is moved.
+    """
+
+    min_interval_s = 1.0
+
+    def __init__(self):
+        self._dirty = False
+        self._urgent = False
+        self._last = 0.0
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        self._dirty = True
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        self._dirty = self._urgent = True
+
+    def on_trial_error(self, iteration, trials, trial, **info):
+        self._dirty = self._urgent = True
+
+    def on_step_end(self, iteration, trials, **info):
+        now = time.monotonic()
+        if not trials or not self._dirty or (now - self._last < self.min_interval_s and not self._urgent):
+            return
+        storage = trials[0].storage
+        if storage.storage_filesystem.type_name != "local":
+            return
+        try:
+            save_backup(storage.experiment_driver_staging_path, storage.experiment_fs_path)
+        except OSError as exc:  # a full disk must not stop the run: Ray's own snapshot still exists
+            _log.warning("could not back up the experiment snapshot: %s", exc)
+        self._dirty = self._urgent = False
+        self._last = now
+
+
+def _cut_torn_line(path: Path) -> None:
+    """Drop a last line without its newline: the row a killed writer left half-written."""
+    with path.open("rb+") as f:
+        data = f.read()
+        if data and not data.endswith(b"\n"):
+            f.truncate(data.rfind(b"\n") + 1)
+
+
+def append_row(path: Path, row: dict) -> None:
+    """Append one JSON line to ``path`` (the file only ever grows; a torn last line is cut first)."""
+    if path.exists():
+        _cut_torn_line(path)
+    with path.open("a") as f:
+        f.write(json.dumps(row, cls=SafeFallbackEncoder) + "\n")
+        f.flush()
+
+
+class ResultLog(Callback):
+    """Write each trial's params.json and result.json straight into its folder of a local run directory.
+
+    Ray's own JSON logger writes into a staging folder that Ray copies over the run directory at every
+    snapshot, truncating each file first: a driver killed during that copy leaves ``result.json`` empty or cut
+    short, and a finished trial is never rerun to refill it. Here rows are only ever appended, in the driver's
+    thread, before Ray records the checkpoint that follows them; a row cut by a kill is dropped on the next
+    append and replayed by the resumed trial. params.json is written atomically.
+    """
+
+    def on_trial_start(self, iteration, trials, trial, **info):
+        folder = Path(trial.storage.trial_fs_path)
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / f".{PARAMS_FILE}.tmp-{os.getpid()}"
+        tmp.write_text(json.dumps(trial.config, indent=2, sort_keys=True, cls=SafeFallbackEncoder))
+        os.replace(tmp, folder / PARAMS_FILE)
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        append_row(Path(trial.storage.trial_fs_path) / RESULT_FILE, result)
