@@ -259,6 +259,8 @@ class Experiment:
                     truth = (self._lambdas[0] - self._lambda_neg).tolist()
                 rec = metrics.lambda_recovery(flat[0], truth)
                 out["lambda_max_rel_error"] = rec["max_rel_error"]
+                matched = metrics.matched_lambda(h_eval, z_eval, flat[0], truth)
+                out["lambda_rank_corr"] = matched["rank_corr"]
 
         z_pos_pairs = latents["pairs"][0]
         m = min(_OVERLAP_SAMPLES, cfg.batch_size)

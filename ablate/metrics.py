@@ -17,6 +17,7 @@ __all__ = [
     "lambda_recovery",
     "linear_r2",
     "loss_floor",
+    "matched_lambda",
     "mcc",
     "r2_per_block",
     "similarity_overlap",
@@ -55,19 +56,47 @@ def r2_per_block(r2_per_dim: Sequence[float], concentration: Sequence[float]) ->
     return {float(v): float(r2[lam == v].mean()) for v in np.unique(lam)}
 
 
-def mcc(z_hat: Tensor, z: Tensor) -> float:
-    """Mean correlation coefficient: |Pearson r| after Hungarian matching of dimensions.
-
-    Shape:
-        z_hat: ``(n, k)``; z: ``(n, d)``.
-    """
+def _matching(z_hat: Tensor, z: Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """|Pearson r| between every output and latent, and the Hungarian matching maximising it."""
     a = z_hat.detach().double().cpu()
     b = z.detach().double().cpu()
     a = (a - a.mean(0)) / a.std(0).clamp_min(1e-12)
     b = (b - b.mean(0)) / b.std(0).clamp_min(1e-12)
     corr = (a.T @ b / (a.shape[0] - 1)).abs().numpy()
     rows, cols = linear_sum_assignment(-corr)
+    return corr, rows, cols
+
+
+def mcc(z_hat: Tensor, z: Tensor) -> float:
+    """Mean correlation coefficient: |Pearson r| after Hungarian matching of dimensions.
+
+    Shape:
+        z_hat: ``(n, k)``; z: ``(n, d)``.
+    """
+    corr, rows, cols = _matching(z_hat, z)
     return float(corr[rows, cols].mean())
+
+
+def matched_lambda(z_hat: Tensor, z: Tensor, lambda_hat: Sequence[float] | Tensor,
+                   lambda_true: Sequence[float] | Tensor) -> dict[str, object]:
+    """Λ̂ of the encoder output matched (as in MCC) to each latent, and its rank correlation with Λ.
+
+    Sorting both lists would make their ranks agree by construction; matching outputs to latents first
+    tests whether the output that encodes latent j learned latent j's concentration (Fig. 3C). The
+    Spearman correlation is nan when Λ is constant.
+
+    Shape:
+        z_hat: ``(n, d)``; z: ``(n, d)``; lambda_hat, lambda_true: ``(d,)``.
+    """
+    from scipy.stats import spearmanr
+
+    _, rows, cols = _matching(z_hat, z)
+    hat = np.asarray(torch.as_tensor(lambda_hat).detach().cpu(), dtype=float)
+    true = np.asarray(torch.as_tensor(lambda_true).detach().cpu(), dtype=float)
+    matched = np.empty_like(true)
+    matched[cols] = hat[rows]  # latent cols[i] is encoded by output rows[i]
+    rho = float("nan") if np.ptp(true) == 0 or np.ptp(matched) == 0 else float(spearmanr(matched, true).statistic)
+    return {"lambda_hat_matched": matched.tolist(), "rank_corr": rho}
 
 
 def lambda_recovery(lambda_hat: Sequence[float] | Tensor, lambda_true: Sequence[float] | Tensor) -> dict[str, object]:

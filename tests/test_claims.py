@@ -115,18 +115,29 @@ def test_claim2_missing_metric_is_not_measured_never_a_pass():
 
 
 # --------------------------------------------------------------------------- claim 3
-def _linear(an: float, inf: float) -> pd.DataFrame:
+def _linear(an: float, inf: float, rho: float | None = None) -> pd.DataFrame:
     lam = {f"r2_lambda_{v}": 0.5 for v in range(5, 51, 5)}
-    trials = [{"id": v, "axes": {"concentration": "linspace 5..50", "variant": v}, "reports": final(r2=r, **lam)}
+    extra = {} if rho is None else {"lambda_rank_corr": rho}
+    trials = [{"id": v, "axes": {"concentration": "linspace 5..50", "variant": v},
+               "reports": final(r2=r, **lam, **(extra if v == "aninfonce" else {}))}
               for v, r in (("aninfonce", an), ("infonce", inf))]
     return table(trials, "linear_lambda")
 
 
-def test_claim3_rank_correlation_is_not_measured_and_the_gap_is():
+def test_claim3_without_the_rank_metric_is_not_measured_and_the_gap_is():
     df = _linear(0.99, 0.77)
     res = claims.claim_linear_lambda(df, ctx_for(df, ["concentration", "variant"]))
     assert [c.passed for c in res.checks] == [None, True]
     assert res.status == "NOT MEASURED"
+
+
+def test_claim3_matched_rank_correlation_decides():
+    df = _linear(0.99, 0.77, rho=0.95)
+    res = claims.claim_linear_lambda(df, ctx_for(df, ["concentration", "variant"]))
+    assert [c.passed for c in res.checks] == [True, True] and res.status == "PASS"
+    df = _linear(0.99, 0.77, rho=0.6)
+    res = claims.claim_linear_lambda(df, ctx_for(df, ["concentration", "variant"]))
+    assert res.checks[0].passed is False and res.status == "FAIL"
     df = _linear(0.80, 0.78)
     res = claims.claim_linear_lambda(df, ctx_for(df, ["concentration", "variant"]))
     assert res.status == "FAIL"

@@ -15,6 +15,7 @@ from ablate.metrics import (
     lambda_recovery,
     linear_r2,
     loss_floor,
+    matched_lambda,
     mcc,
     r2_per_block,
     similarity_overlap,
@@ -219,3 +220,20 @@ def test_loss_floor_passes_extra_arguments_and_tracks_no_gradient():
     with torch.no_grad():
         assert value == pytest.approx(float(loss(z, z_pos, z_neg)), rel=1e-6)
     assert loss.theta.grad is None
+
+
+def test_matched_lambda_follows_the_output_that_encodes_each_latent():
+    g = torch.Generator().manual_seed(3)
+    z = torch.randn(2000, 5, generator=g)
+    perm = torch.tensor([3, 0, 4, 1, 2])
+    signs = torch.tensor([1.0, -1.0, 1.0, -1.0, 1.0])
+    z_hat = z[:, perm] * signs  # output i encodes latent perm[i]
+    truth = torch.tensor([5.0, 10.0, 15.0, 20.0, 25.0])
+    learned = truth[perm]  # each output learned its latent's concentration
+    out = matched_lambda(z_hat, z, learned, truth)
+    assert out["lambda_hat_matched"] == pytest.approx(truth.tolist())
+    assert out["rank_corr"] == pytest.approx(1.0)
+    # the same values on the wrong outputs: sorted lists would still agree, the matched ones do not
+    wrong = matched_lambda(z_hat, z, truth.flip(0)[perm], truth)
+    assert wrong["rank_corr"] == pytest.approx(-1.0)
+    assert math.isnan(matched_lambda(z_hat, z, learned, torch.full((5,), 7.0))["rank_corr"])
