@@ -142,15 +142,17 @@ def _backups(run_dir: Path) -> list[Path]:
 def choose_snapshot(run_dir: str | Path) -> SnapshotChoice:
     """Make the newest complete snapshot of ``run_dir`` the one Ray resumes from.
 
-    Candidates, newest session first (at equal sessions the run directory's own files before the backup):
-    every session in ``run_dir`` and every generation in ``.ablate_snapshot/``. Files of torn sessions at
+    Candidates, newest session first and, within a session, the most recently written first (a backup is
+    stamped when it was taken, the run directory's copy by its modification time): every session in
+    ``run_dir`` and every generation in ``.ablate_snapshot/``. Files of torn sessions at
     least as new as the pick are moved into ``.ablate_discarded/``; a picked backup is copied back into
     ``run_dir``. Raises :class:`SnapshotError` naming every problem when no candidate is complete.
     """
     run_dir = Path(run_dir)
-    candidates = [(session, 1, run_dir) for session in sessions(run_dir)]
+    candidates = [(session, (run_dir / f"experiment_state-{session}.json").stat().st_mtime_ns, run_dir)
+                  for session in sessions(run_dir)]
     for backup in _backups(run_dir):
-        candidates += [(session, 0, backup) for session in sessions(backup)[:1]]
+        candidates += [(session, int(backup.name), backup) for session in sessions(backup)[:1]]
     if not candidates:
         raise SnapshotError(f"{run_dir}: no experiment_state-*.json to resume from")
     torn: dict[str, list[str]] = {}

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import time
 from pathlib import Path
 
 from ray.tune import Callback
@@ -25,32 +24,26 @@ class SnapshotKeeper(Callback):
     """Back up each experiment snapshot Ray writes, so a driver killed mid-copy can still be resumed.
 
     Ray saves its snapshot into a staging folder in the driver's thread at every controller step, then copies
-    it into the run directory in the background (not atomically). Right after a step that saw a result, this
-    copies the staging folder's snapshot, complete by construction, into ``.ablate_snapshot/`` (at most once
-    a second, but always after a trial ends). Local run directories only. It keeps no paths of its own: it is
-    pickled into ``tuner.pkl`` and must follow a run directory that is moved.
+    it into the run directory in the background (not atomically). At the end of every step in which a trial
+    started, reported, checkpointed or ended, this copies the staging folder's snapshot (complete by
+    construction) into ``.ablate_snapshot/``, so the backup is never behind the last checkpoint and a resume
+    from it replays at most one report period. Local run directories only. It keeps no paths of its own: it
+    is pickled into ``tuner.pkl`` and must follow a run directory that is moved.
     """
-
-    min_interval_s = 1.0
 
     def __init__(self):
         self._dirty = False
-        self._urgent = False
-        self._last = 0.0
 
-    def on_trial_result(self, iteration, trials, trial, result, **info):
+    def _changed(self, **info):
         self._dirty = True
 
-    def on_trial_complete(self, iteration, trials, trial, **info):
-        self._dirty = self._urgent = True
-
-    def on_trial_error(self, iteration, trials, trial, **info):
-        self._dirty = self._urgent = True
+    on_trial_start = on_trial_restore = on_trial_result = on_checkpoint = _changed
+    on_trial_complete = on_trial_error = on_trial_recover = _changed
 
     def on_step_end(self, iteration, trials, **info):
-        now = time.monotonic()
-        if not trials or not self._dirty or (now - self._last < self.min_interval_s and not self._urgent):
+        if not trials or not self._dirty:
             return
+        self._dirty = False
         storage = trials[0].storage
         if storage.storage_filesystem.type_name != "local":
             return
@@ -58,8 +51,6 @@ class SnapshotKeeper(Callback):
             save_backup(storage.experiment_driver_staging_path, storage.experiment_fs_path)
         except OSError as exc:  # a full disk must not stop the run: Ray's own snapshot still exists
             _log.warning("could not back up the experiment snapshot: %s", exc)
-        self._dirty = self._urgent = False
-        self._last = now
 
 
 def _cut_torn_line(path: Path) -> None:
