@@ -12,7 +12,10 @@ A grid file holds::
     stop: {max_steps: N, target_r2: optional}
     search: grid | optuna            # optuna: see `optuna:` below
     optuna: {space: {field: {loguniform|uniform: [lo, hi]} | {choice: [...]} | {randint: [lo, hi]}},
-             num_samples: N, metric: r2, mode: max, grace_period: 2, reduction_factor: 2}
+             num_samples: N, metric: r2, mode: max, grace_period: 2, reduction_factor: 2,
+             time_budget_s: optional}  # with it, ASHA's rungs (and grace_period) are seconds of training
+                                       # (time_total_s), so settings compete at equal wall time; without it,
+                                       # rungs count reports
     scales:                          # each overrides any of base/axes/variants/seeds/stop/optuna
       smoke: {...}                   # seconds: the test suite runs it
       laptop: {...}                  # the default: minutes on 2 CPU cores
@@ -54,7 +57,8 @@ _TOP_KEYS = {"name", "description", "figure", "base", "axes", "variants", "seeds
              "scales", "chosen", "paper_values"}
 _SCALE_KEYS = {"base", "axes", "variants", "seeds", "stop", "optuna", "description"}
 _STOP_KEYS = {"max_steps", "target_r2"}
-_OPTUNA_KEYS = {"space", "num_samples", "metric", "mode", "grace_period", "reduction_factor", "max_concurrent"}
+_OPTUNA_KEYS = {"space", "num_samples", "metric", "mode", "grace_period", "reduction_factor", "max_concurrent",
+                "time_budget_s"}
 _DISTRIBUTIONS = {"uniform", "loguniform", "choice", "randint"}
 #: Keys of a trial's param dict that are not RunConfig fields.
 META_KEYS = ("grid", "scale", "variant", "point")
@@ -399,6 +403,14 @@ def _validate_optuna(path: Path, optuna: dict[str, Any]) -> dict[str, Any]:
            "grace_period": int(optuna.get("grace_period", 2)), "reduction_factor": int(optuna.get("reduction_factor", 2))}
     if "max_concurrent" in optuna:
         out["max_concurrent"] = int(optuna["max_concurrent"])
+    if "time_budget_s" in optuna:
+        budget = optuna["time_budget_s"]
+        if not isinstance(budget, int | float) or budget <= 0:
+            raise _err(path, "optuna.time_budget_s", f"must be a number of seconds > 0, got {budget!r}")
+        if not 0 < out["grace_period"] < budget:
+            raise _err(path, "optuna.grace_period", f"with time_budget_s it is in seconds and must lie in "
+                       f"(0, {budget}), got {out['grace_period']}")
+        out["time_budget_s"] = float(budget)
     return out
 
 

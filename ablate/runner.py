@@ -390,12 +390,15 @@ def _tune_config(grid: Grid, max_concurrent: int | None):
     from ray.tune.search.optuna import OptunaSearch
 
     opt = grid.optuna
-    n_max = max(n_reports(t.config) for t in grid.trials)
     searcher = OptunaSearch(metric=opt["metric"], mode=opt["mode"], seed=grid.seeds[0])
     limit = max_concurrent or opt.get("max_concurrent") or 2
-    scheduler = ASHAScheduler(time_attr="training_iteration", max_t=max(n_max, 1),
-                              grace_period=min(opt["grace_period"], max(n_max, 1)),
-                              reduction_factor=opt["reduction_factor"])
+    if "time_budget_s" in opt:  # rungs in seconds of training: settings compete at equal wall time
+        scheduler = ASHAScheduler(time_attr="time_total_s", max_t=opt["time_budget_s"],
+                                  grace_period=opt["grace_period"], reduction_factor=opt["reduction_factor"])
+    else:  # rungs in reports
+        n_max = max(max(n_reports(t.config) for t in grid.trials), 1)
+        scheduler = ASHAScheduler(time_attr="training_iteration", max_t=n_max,
+                                  grace_period=min(opt["grace_period"], n_max), reduction_factor=opt["reduction_factor"])
     return tune.TuneConfig(
         metric=opt["metric"], mode=opt["mode"], search_alg=ConcurrencyLimiter(searcher, max_concurrent=limit),
         scheduler=scheduler, num_samples=opt["num_samples"], reuse_actors=True, trial_dirname_creator=_dirname,

@@ -146,6 +146,11 @@ BAD_GRIDS = {
     "reversed range": ("search: optuna\noptuna: {space: {lr: {uniform: [1, 0]}}}\n", "empty or reversed range"),
     "empty choice": ("search: optuna\noptuna: {space: {batch_size: {choice: []}}}\n", "non-empty list"),
     "unknown distribution": ("search: optuna\noptuna: {space: {lr: {normal: [0, 1]}}}\n", "optuna.space.lr"),
+    "time budget <= 0": ("search: optuna\noptuna: {space: {lr: {uniform: [0, 1]}}, time_budget_s: 0}\n",
+                         "optuna.time_budget_s: must be a number of seconds > 0"),
+    "grace beyond the time budget": (
+        "search: optuna\noptuna: {space: {lr: {uniform: [0, 1]}}, time_budget_s: 30, grace_period: 60}\n",
+        "optuna.grace_period: with time_budget_s it is in seconds"),
 }
 
 GOOD = """name: bad
@@ -209,3 +214,17 @@ def test_corrupt_checkpoint_falls_back_to_the_previous_one(tmp_path, caplog):
     assert again.experiment.step == 0 and "restarting from step 0" in caplog.text
     for x in (t, fresh, again):
         x.stop()
+
+
+def test_optuna_with_a_time_budget_ranks_settings_at_equal_seconds(ray_session, tmp_path):
+    """ASHA on time_total_s: no trial starts a report once past the budget, and a best config comes out."""
+    grid = load_grid("tune_aninfonce", "smoke")
+    grid.optuna.update({"time_budget_s": 3.0, "grace_period": 1, "num_samples": 3})
+    grid.optuna["space"]["report_every"] = {"choice": [1000]}  # reports of about half a second of training
+    grid.stop["max_steps"] = 10_000_000  # only the time budget ends these trials
+    outcome = run_grid(grid, storage=str(tmp_path), name="timed", verbose=0)
+    assert len(outcome.trials) == 3 and not outcome.failed
+    for trial in outcome.trials:
+        assert trial.last["time_total_s"] - trial.last["time_this_iter_s"] < 3.0  # it stopped once past 3 s
+        assert trial.last["step"] < 10_000_000
+    assert outcome.best_config is not None and set(outcome.best_config["config"]) <= set(grid.optuna["space"])
