@@ -15,6 +15,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from ablate.pair_loss import pair_cross_entropy
+
 __all__ = [
     "AnInfoNCE",
     "EnsembleAnInfoNCE",
@@ -71,6 +73,12 @@ def infonce_logits(h: Tensor, tau: float) -> Tensor:
     return _mask_diagonal(h @ h.T / tau)
 
 
+def _fused(*tensors: Tensor) -> bool:
+    """Use the row-blocked loss with its fused gradient (ablate.pair_loss) when a gradient is wanted;
+    without one (evaluation) the plain forward pass is cheaper."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors) and tensors[0].shape[0] >= 4
+
+
 def _check_views(h1: Tensor, h2: Tensor) -> None:
     if h1.shape != h2.shape or h1.ndim != 2:
         raise ValueError(f"views must both be (B, d), got {tuple(h1.shape)} and {tuple(h2.shape)}")
@@ -92,6 +100,8 @@ class InfoNCE(nn.Module):
     def forward(self, h1: Tensor, h2: Tensor) -> Tensor:
         _check_views(h1, h2)
         h = torch.cat([h1, h2])
+        if _fused(h):
+            return pair_cross_entropy(h, h.new_full((h.shape[1],), 1.0 / self.tau), 0.0)
         logits = torch.mm(h / self.tau, h.T).fill_diagonal_(float("-inf"))
         return F.cross_entropy(logits, pair_targets(h1.shape[0], h1.device))
 
@@ -140,7 +150,10 @@ class AnInfoNCE(nn.Module):
     def forward(self, h1: Tensor, h2: Tensor) -> Tensor:
         _check_views(h1, h2)
         lam = self.lambda_hat.to(h1.dtype)
-        logits = _training_logits_aninfonce(torch.cat([h1, h2]), lam)
+        h = torch.cat([h1, h2])
+        if _fused(h, lam):
+            return pair_cross_entropy(h, lam, 0.5)
+        logits = _training_logits_aninfonce(h, lam)
         return F.cross_entropy(logits, pair_targets(h1.shape[0], h1.device))
 
 

@@ -11,7 +11,15 @@ from torch import nn
 from torch.nn import functional as F
 
 from ablate.dgp import sample_conditional, sample_hard_negatives, sample_uniform
-from ablate.losses import AnInfoNCE, EnsembleAnInfoNCE, HardNegativeAnInfoNCE, InfoNCE, TriCL
+from ablate.losses import (
+    AnInfoNCE,
+    EnsembleAnInfoNCE,
+    HardNegativeAnInfoNCE,
+    InfoNCE,
+    TriCL,
+    aninfonce_logits,
+    pair_targets,
+)
 
 F64 = torch.float64
 
@@ -337,3 +345,53 @@ def test_aninfonce_gradients_match_finite_differences():
         with torch.no_grad():
             num = (f(h1, theta0.detach() + e) - f(h1, theta0.detach() - e)) / (2 * eps)
         assert float(num) == pytest.approx(float(g_theta[k]), abs=1e-7), f"dL/dθ_{k}"
+
+
+# ---------------------------------------------------------------- the row-blocked loss with fused gradient
+@pytest.mark.parametrize("block_rows", [1, 3, 7, 16, None])
+@pytest.mark.parametrize("column_coef", [0.5, 0.0])
+def test_pair_cross_entropy_matches_autograd_on_full_logits(block_rows, column_coef):
+    from ablate.pair_loss import pair_cross_entropy
+
+    g = torch.Generator().manual_seed(5)
+    b, d = 8, 5
+    h = torch.nn.functional.normalize(torch.randn(2 * b, d, generator=g, dtype=torch.float64), dim=1)
+    theta = torch.randn(d, generator=g, dtype=torch.float64)
+    h_ref, theta_ref = h.clone().requires_grad_(), theta.clone().requires_grad_()
+    w_ref = torch.nn.functional.softplus(theta_ref) * 3
+    if column_coef:
+        ref = torch.nn.functional.cross_entropy(aninfonce_logits(h_ref, w_ref), pair_targets(b, h.device))
+    else:  # InfoNCE's form: a per-dimension temperature
+        logits = (h_ref * w_ref) @ h_ref.T
+        ref = torch.nn.functional.cross_entropy(logits.fill_diagonal_(float("-inf")), pair_targets(b, h.device))
+    (ref * 1.7).backward()
+    h_new, theta_new = h.clone().requires_grad_(), theta.clone().requires_grad_()
+    out = pair_cross_entropy(h_new, torch.nn.functional.softplus(theta_new) * 3, column_coef, block_rows=block_rows)
+    (out * 1.7).backward()
+    assert out.item() == pytest.approx(ref.item(), rel=1e-12, abs=1e-12)
+    torch.testing.assert_close(h_new.grad, h_ref.grad, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(theta_new.grad, theta_ref.grad, rtol=1e-10, atol=1e-12)
+
+
+def test_losses_take_the_fused_path_only_with_gradients_and_agree_with_the_plain_one():
+    g = torch.Generator().manual_seed(9)
+    h1, h2 = (torch.nn.functional.normalize(torch.randn(6, 4, generator=g, dtype=torch.float64), dim=1)
+              for _ in range(2))
+    for loss in (AnInfoNCE(4, generator=torch.Generator().manual_seed(1)).double(), InfoNCE(0.3)):
+        with torch.no_grad():
+            plain = loss(h1, h2)
+        a, b = h1.clone().requires_grad_(), h2.clone().requires_grad_()
+        fused = loss(a, b)
+        fused.backward()
+        assert fused.item() == pytest.approx(plain.item(), rel=1e-12)
+        assert a.grad is not None and torch.isfinite(a.grad).all()
+
+
+def test_pair_cross_entropy_is_stable_for_large_concentrations():
+    from ablate.pair_loss import pair_cross_entropy
+
+    g = torch.Generator().manual_seed(2)
+    h = torch.nn.functional.normalize(torch.randn(64, 10, generator=g), dim=1).requires_grad_()
+    loss = pair_cross_entropy(h, torch.full((10,), 5000.0), 0.5)
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(h.grad).all()
