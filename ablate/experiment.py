@@ -240,6 +240,8 @@ class Experiment:
 
         latents = self.sample_latents(cfg.batch_size, rng, hard_negatives=self._hard_negatives_active(self.step))
         out["eval_loss"] = float(self.compute_loss(latents))
+        if cfg.loss != "tricl":  # the loss with the current Λ̂ on the true latents (ẑ = z): Fig. 10A's curve
+            out["true_latent_loss"] = float(self._loss_on_true_latents(latents, self.loss))
         floor = self._floor_loss()
         if floor is not None:
             floor = floor.to(self.device, self.dtype)
@@ -278,9 +280,11 @@ class Experiment:
         pairs, negatives = latents["pairs"], latents["negatives"]
         if isinstance(floor, torch.nn.ModuleList):  # ensemble: one fixed Λⁱ per DGP
             return torch.stack([member(z, z_pos) for member, (z, z_pos) in zip(floor, pairs)]).sum()
+        if isinstance(floor, EnsembleAnInfoNCE):
+            return floor(list(pairs))
         z, z_pos = pairs[0]
-        if negatives is not None and isinstance(floor, HardNegativeAnInfoNCE):
-            return floor(z, z_pos, negatives)
+        if isinstance(floor, HardNegativeAnInfoNCE):
+            return floor(z, z_pos, negatives) if negatives is not None else AnInfoNCE.forward(floor, z, z_pos)
         return floor(z, z_pos)
 
     # ----------------------------------------------------------- persistence
