@@ -174,7 +174,7 @@ class Grid:
                 space[key] = _ray_distribution(key, dist)
             return space
         for key, values in self.axes.items():
-            space[key] = tune.grid_search(copy.deepcopy(values))
+            space[key] = tune.grid_search(_longest_first(key, copy.deepcopy(values)))
         if self.variants:
             space["variant"] = tune.grid_search(copy.deepcopy(self.variants))
         space["seed"] = tune.grid_search(list(self.seeds))
@@ -186,6 +186,17 @@ class Grid:
         if self.variants:
             names.append("variant")
         return names + ["seed"]
+
+
+#: Axes whose larger values cost more compute per trial.
+_COSTLIER_WHEN_LARGER = ("batch_size", "latent_dim", "max_steps", "n_hard_negatives", "eval_samples")
+
+
+def _longest_first(key: str, values: list[Any]) -> list[Any]:
+    """Order a numeric cost axis largest first, so Ray starts the longest trials first and the grid does
+    not end with one long trial running alone (the tail that dominates Ray's overhead on a small machine)."""
+    numeric = all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
+    return sorted(values, reverse=True) if key in _COSTLIER_WHEN_LARGER and numeric else values
 
 
 def _ray_distribution(key: str, dist: dict[str, Any]):

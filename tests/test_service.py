@@ -228,3 +228,13 @@ def test_optuna_with_a_time_budget_ranks_settings_at_equal_seconds(ray_session, 
         assert trial.last["time_total_s"] - trial.last["time_this_iter_s"] < 3.0  # it stopped once past 3 s
         assert trial.last["step"] < 10_000_000
     assert outcome.best_config is not None and set(outcome.best_config["config"]) <= set(grid.optuna["space"])
+
+
+def test_param_space_starts_the_costliest_trials_first():
+    from ray.tune.search.variant_generator import generate_variants
+
+    grid = load_grid("batch_vs_dim", "laptop")
+    order = [(c["batch_size"], c["latent_dim"]) for _, c in generate_variants(grid.param_space())]
+    assert order[0] == (max(grid.axes["batch_size"]), max(grid.axes["latent_dim"]))
+    assert order[-1] == (min(grid.axes["batch_size"]), min(grid.axes["latent_dim"]))
+    assert sorted(order) == sorted({(t.config.batch_size, t.config.latent_dim) for t in grid.trials})
