@@ -30,7 +30,13 @@ def _table(rows: list[dict[str, Any]]) -> str:
 def cmd_train(args: argparse.Namespace) -> int:
     from ablate.experiment import Experiment
 
-    config = RunConfig.build(parse_assignments(args.set or []), "--set")
+    settings = {}
+    if args.preset:
+        from ablate.presets import load_preset
+
+        settings.update(load_preset(args.preset).settings)
+    settings.update(parse_assignments(args.set or []))
+    config = RunConfig.build(settings, "--preset/--set" if args.preset else "--set")
     steps = args.steps or config.max_steps
     exp = Experiment(config)
     print(f"# ablate train: d={config.latent_dim} batch={config.batch_size} loss={config.loss} "
@@ -96,19 +102,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     from ablate.runner import auth_hint, run_grid, summary_rows
 
     grid = load_grid(args.grid, args.scale)
-    if args.set:
-        overrides = parse_assignments(args.set)
-        from ablate.grids import GridError
+    if args.preset:
+        from ablate.presets import load_preset
 
-        for k in overrides:
-            if k not in RunConfig.model_fields:
-                raise GridError(f"--set {k}: unknown setting; allowed: {', '.join(sorted(RunConfig.model_fields))}")
-        stop_keys = {k: overrides.pop(k) for k in list(overrides) if k in ("max_steps", "target_r2")}
-        grid.base.update(overrides)
-        grid.stop.update(stop_keys)
-        for k in overrides:
-            grid.axes.pop(k, None)
-        grid.trials  # re-validate with the overrides  # noqa: B018
+        preset = load_preset(args.preset)
+        kept = grid.apply_settings(preset.settings, f"preset {preset.name}:", axes_win=True)
+        grid.preset = preset.name
+        if kept:
+            print(f"preset {preset.name}: {', '.join(kept)} stay as the grid varies them")
+    if args.set:
+        grid.apply_settings(parse_assignments(args.set), "--set", axes_win=False)
 
     def announce(run_dir: str, url: str | None) -> None:
         print(f"run: {run_dir}")
@@ -203,6 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train", help="train one experiment without Ray, one line per report")
     t.add_argument("--set", nargs="*", metavar="KEY=VALUE", help="RunConfig fields, e.g. latent_dim=10")
     t.add_argument("--steps", type=int, help="steps to train (default: max_steps)")
+    t.add_argument("--preset", help="start from a named preset (presets/*.yaml), e.g. fast; --set wins over it")
     t.set_defaults(func=cmd_train)
 
     sub.add_parser("list", help="every grid with its figure and trial counts").set_defaults(func=cmd_list)
@@ -216,8 +220,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("grid", help="a grid name (see `ablate list`) or a path to a grid YAML file")
     r.add_argument("--scale", default="laptop", choices=["smoke", "laptop", "paper"])
     r.add_argument("--storage", default="runs", help="folder or URI (s3://, gs://) holding runs (default: ./runs)")
-    r.add_argument("--name", help="run name (default: <grid>-<scale>)")
+    r.add_argument("--name", help="run name (default: <grid>-<scale>, or <grid>-<scale>-<preset>)")
     r.add_argument("--set", nargs="*", metavar="KEY=VALUE", help="override a setting for every trial")
+    r.add_argument("--preset", help="train every trial with a named preset (presets/*.yaml), e.g. fast; the "
+                                    "grid's axes and --set win over it")
     r.add_argument("--address", help="join an existing Ray cluster: auto or ray://host:10001")
     r.add_argument("--cpus-per-trial", type=float, default=1)
     r.add_argument("--gpus-per-trial", type=float, default=0, help="fractions pack trials onto one GPU")
@@ -263,12 +269,13 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the `ablate` console script."""
     from ablate.dgp import LowAcceptanceError
     from ablate.grids import GridError
+    from ablate.presets import PresetError
     from ablate.runner import RunError
 
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (ConfigError, GridError, RunError, LowAcceptanceError) as exc:
+    except (ConfigError, GridError, PresetError, RunError, LowAcceptanceError) as exc:
         print(f"ablate: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
