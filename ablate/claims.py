@@ -70,6 +70,7 @@ class ClaimResult:
     scale: str = ""
     run_dir: str = ""
     wall_s: float | None = None
+    preset: str | None = None
 
     @property
     def passed(self) -> bool | None:
@@ -541,18 +542,22 @@ def run_wall_s(run_dir: str | Path) -> float | None:
 def evaluate_run(run_dir: str | Path) -> list[ClaimResult]:
     """Read a run directory and evaluate the claims of its grid (an empty list if its grid decides none)."""
     from ablate.report import load_run
+    from ablate.results import RunReader
 
     run = load_run(run_dir)
     results = evaluate_frame(run.df, run.ctx)
     wall = run_wall_s(run_dir) if results else None
+    preset = RunReader(str(run_dir)).marker().get("preset") if results else None
     for res in results:
-        res.run_dir, res.wall_s = str(run_dir), wall
+        res.run_dir, res.wall_s, res.preset = str(run_dir), wall, preset
     return results
 
 
 # --------------------------------------------------------------------------- output
-def command(grid: str, scale: str) -> str:
+def command(grid: str, scale: str, preset: str | None = None) -> str:
     """The one command that reproduces a claim's run and report."""
+    if preset:
+        return f"ablate run {grid} --scale {scale} --preset {preset} && ablate report runs/{grid}-{scale}-{preset}"
     return f"ablate run {grid} --scale {scale} && ablate report runs/{grid}-{scale}"
 
 
@@ -567,7 +572,7 @@ def markdown_table(results: Sequence[ClaimResult]) -> str:
     for r in sorted(results, key=lambda r: r.claim):
         wall = f"{r.wall_s:.0f} s" if r.wall_s is not None else "n/a"
         cells = [str(r.claim), r.title, r.figure, r.paper_value, r.value, r.criterion, f"**{r.status}**", wall,
-                 f"`{command(r.grid, r.scale)}`"]
+                 f"`{command(r.grid, r.scale, r.preset)}`"]
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     return "\n".join(lines)
 
@@ -577,7 +582,8 @@ def text_report(results: Sequence[ClaimResult]) -> str:
     out = []
     for r in results:
         wall = f", wall {r.wall_s:.0f} s" if r.wall_s is not None else ""
-        out.append(f"claim {r.claim} [{r.status}] {r.title} — {r.figure} ({r.grid} @ {r.scale}{wall})")
+        preset = f", preset {r.preset}" if r.preset else ""
+        out.append(f"claim {r.claim} [{r.status}] {r.title} — {r.figure} ({r.grid} @ {r.scale}{preset}{wall})")
         out.append(f"  paper:  {r.paper_value}")
         out.append(f"  ablate: {r.value}")
         for c in r.checks:

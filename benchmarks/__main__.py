@@ -115,9 +115,11 @@ def bench_ray(grid_name: str, scale: str) -> dict:
 BIMODAL = {"latent_dim": 10, "concentration": "5/25", "loss": "aninfonce", "generator_seed": 0}
 
 
-def bench_time_to_r2(preset: str, budget_s: float, seed: int = 0, targets=(0.9, 0.95, 0.99)) -> dict:
+def bench_time_to_r2(preset: str, budget_s: float, seed: int = 0, targets=(0.9, 0.95, 0.99),
+                     curve: str | None = None) -> dict:
     """Wall-clock seconds (training and evaluation, this process's threads) until R² first reaches each target
-    on the bimodal setting, training with ``preset``; stops at the last target or after ``budget_s``."""
+    on the bimodal setting, training with ``preset``; stops at the last target or after ``budget_s``.
+    ``curve``: a CSV file that receives ``seconds,step,r2`` after every report."""
     from ablate.config import RunConfig
     from ablate.experiment import Experiment
     from ablate.presets import load_preset
@@ -132,6 +134,9 @@ def bench_time_to_r2(preset: str, budget_s: float, seed: int = 0, targets=(0.9, 
         exp.train(min(cfg.report_every, cfg.max_steps - exp.step))
         r2 = exp.evaluate()["r2"]
         best = max(best, r2)
+        if curve:
+            with open(curve, "a") as f:
+                f.write(f"{time.perf_counter() - started:.1f},{exp.step},{r2:.4f}\n")
         for t in targets:
             if r2 >= t and t not in reached:
                 reached[t] = time.perf_counter() - started
@@ -164,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ray-scale", default="smoke")
     p.add_argument("--preset", default="fast", help="time_to_r2: the preset to train with ('reference' = defaults)")
     p.add_argument("--budget", type=float, default=600.0, help="time_to_r2: seconds before giving up")
+    p.add_argument("--curve", help="time_to_r2: also write seconds,step,r2 per report to this CSV file")
     args = p.parse_args(argv)
     parts = set(args.only.split(","))
     print(f"# ablate benchmarks: torch {torch.__version__}, {torch.get_num_threads()} threads, "
@@ -188,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         _print("Ray overhead", [bench_ray(args.ray_grid, args.ray_scale)])
     if "time_to_r2" in parts:  # opt-in: it runs up to --budget seconds
         _print(f"time to R² on the bimodal setting (Λ = 5/25, d = 10), preset {args.preset}",
-               [bench_time_to_r2(args.preset, args.budget)])
+               [bench_time_to_r2(args.preset, args.budget, curve=args.curve)])
     return 0
 
 

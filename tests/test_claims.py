@@ -282,3 +282,10 @@ def test_evaluate_run_on_a_real_smoke_run(ray_session, tmp_path, capsys):
     assert res.checks[0].passed is False  # 10 steps of a 2-d encoder cannot reach R² 0.99
     assert cli.main(["claims", str(outcome.run_dir), "--markdown"]) == 0
     assert "| 2 | Bimodal" in capsys.readouterr().out
+
+
+def test_the_command_of_a_preset_run_names_the_preset_and_its_run_directory():
+    assert claims.command("bimodal_dynamics", "laptop") == (
+        "ablate run bimodal_dynamics --scale laptop && ablate report runs/bimodal_dynamics-laptop")
+    assert claims.command("bimodal_dynamics", "laptop", "fast") == (
+        "ablate run bimodal_dynamics --scale laptop --preset fast && ablate report runs/bimodal_dynamics-laptop-fast")
