@@ -1,4 +1,4 @@
-"""`python -m benchmarks [--quick] [--only step,sampler,memory,ray,time_to_r2]`: print ablate's performance tables.
+"""`python -m benchmarks [--quick] [--only step,sampler,memory,ray,profile,time_to_r2]`: print ablate's performance tables.
 
 - step: ms per training step, achieved GFLOP/s (matmul FLOPs of forward + backward through the encoder on
   both views, plus the logits) and the ratio to this machine's fp32 matmul rate measured in the same run.
@@ -111,6 +111,29 @@ def bench_ray(grid_name: str, scale: str) -> dict:
             "concurrency": conc, "overhead_pct": 100 * (wall - ideal) / wall}
 
 
+def bench_profile(batch: int = 1000, d: int = 10, steps: int = 20, top: int = 12) -> list[dict]:
+    """torch.profiler over ``steps`` reference steps: the ops taking the most time (the profiler itself
+    slows the step, mostly the small ops, so read shares rather than milliseconds)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from ablate.config import RunConfig
+    from ablate.experiment import Experiment
+
+    exp = Experiment(RunConfig(latent_dim=d, batch_size=batch, concentration=75, generator_seed=0))
+    exp.train(3)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        exp.train(steps)
+    events = prof.key_averages()
+    total = sum(e.self_cpu_time_total for e in events)
+    rows = [{"op": e.key, "ms_per_step": e.self_cpu_time_total / 1e3 / steps,
+             "share_pct": 100 * e.self_cpu_time_total / total}
+            for e in sorted(events, key=lambda e: -e.self_cpu_time_total)[:top]]
+    matmul = sum(e.self_cpu_time_total for e in events if e.key in ("aten::mm", "aten::addmm", "aten::bmm"))
+    rows.append({"op": "all matmuls (mm, addmm, bmm)", "ms_per_step": matmul / 1e3 / steps,
+                 "share_pct": 100 * matmul / total})
+    return rows
+
+
 #: The bimodal setting of Rusak et al. 2024, Sec. 4.1 (the science: a preset never changes these).
 BIMODAL = {"latent_dim": 10, "concentration": "5/25", "loss": "aninfonce", "generator_seed": 0}
 
@@ -192,6 +215,8 @@ def main(argv: list[str] | None = None) -> int:
         _print("peak memory of one trial (process RSS)", [bench_memory(b) for b in (1000, 8192)])
     if "ray" in parts:
         _print("Ray overhead", [bench_ray(args.ray_grid, args.ray_scale)])
+    if "profile" in parts:  # opt-in
+        _print("profile of the reference step (B = 1000, d = 10)", bench_profile())
     if "time_to_r2" in parts:  # opt-in: it runs up to --budget seconds
         _print(f"time to R² on the bimodal setting (Λ = 5/25, d = 10), preset {args.preset}",
                [bench_time_to_r2(args.preset, args.budget, curve=args.curve)])
