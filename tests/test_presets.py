@@ -62,3 +62,20 @@ def test_train_with_the_preset_and_set_on_top(capsys):
 def test_run_with_an_unknown_preset_fails_before_ray(capsys):
     assert main(["run", "bimodal_dynamics", "--scale", "smoke", "--preset", "nope"]) == 2
     assert "unknown preset 'nope'" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_run_with_a_preset_records_it_and_resume_must_name_it(ray_session, tmp_path, capsys):
+    import json
+
+    small = ["--set", "max_steps=10", "batch_size=16", "encoder_widths=[2,2]", "report_every=5"]
+    base = ["run", "bimodal_dynamics", "--scale", "smoke", "--storage", str(tmp_path), "--verbose", "0"]
+    assert main([*base, "--preset", "fast", *small]) == 0
+    run_dir = tmp_path / "bimodal_dynamics-smoke-fast"
+    assert json.loads((run_dir / "ablate_run.json").read_text())["preset"] == "fast"
+    lr = load_preset("fast").settings["lr"]
+    params = [json.loads(p.read_text()) for p in run_dir.glob("trial_*/params.json")]
+    assert params and all(p["lr"] == lr and p["batch_size"] == 16 for p in params)
+    capsys.readouterr()
+    assert main([*base, "--name", run_dir.name, "--resume", *small]) == 2
+    assert "with preset 'fast'" in capsys.readouterr().err
