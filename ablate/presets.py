@@ -7,9 +7,11 @@ A preset lives in ``presets/<name>.yaml``::
     settings: {lr: ..., batch_size: ...}    # RunConfig fields
     measured: ...                            # free text: the measurement behind it (command, machine, numbers)
 
-A preset changes *how* a trial trains (learning rates, schedule, batch size, width, Λ̂'s start, report
-interval), never *what* it studies: on a grid, the grid's axes and variants win over the preset, and
-``--set`` wins over both. The reference-faithful settings stay the RunConfig defaults.
+A preset changes *how* a trial trains (learning rates, schedule, batch size, width, report interval,
+steps), never *what* it studies: on a grid, the grid's axes and variants win over the preset, and ``--set``
+wins over both. The preset's values replace the grid's base values at every scale, the smoke scale's tiny
+ones too: pair it with ``--set max_steps=…`` for a short run. The reference-faithful settings stay the
+RunConfig defaults.
 """
 
 from __future__ import annotations
