@@ -137,3 +137,18 @@ def test_state_ray_cannot_read_stops_instead_of_restarting_empty(ray_session, fi
     with pytest.raises(RunError, match="stopped instead of restarting the grid from scratch"):
         run_grid(_grid(), storage=str(tmp_path), name="r", verbose=0, resume=True)
     assert len(list(run_dir.glob("trial_*"))) == 4, "Ray must not have started an empty experiment"
+
+
+def test_optuna_run_with_a_torn_snapshot_resumes_from_the_backup(ray_session, tmp_path):
+    """The Optuna searcher's files (search_gen_state, searcher-state) are backed up and checked too."""
+    grid = load_grid("tune_aninfonce", "smoke")
+    first = run_grid(grid, storage=str(tmp_path), name="opt", verbose=0)
+    run_dir = first.run_dir
+    (session,) = sessions(run_dir)
+    backup = sorted((run_dir / BACKUP_DIR).iterdir())[-1]
+    assert {p.name for p in backup.iterdir()} >= {f"search_gen_state-{session}.json", f"searcher-state-{session}.pkl"}
+    _truncate(run_dir / f"searcher-state-{session}.pkl", 50)
+    again = run_grid(grid, storage=str(tmp_path), name="opt", verbose=0, resume=True)
+    assert f"searcher-state-{session}.pkl" in again.set_aside
+    assert len(again.trials) == len(first.trials) and not again.failed
+    assert len(list(run_dir.glob("trial_*"))) == len(first.trials), "no new trial was started"
