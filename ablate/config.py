@@ -290,7 +290,8 @@ def yaml_loader() -> type:
 
 
 def read_yaml_mapping(path, error: type[Exception], allowed_keys) -> dict[str, Any]:
-    """Safe-load a YAML file whose top level is a mapping; problems raise ``error`` naming the file and line."""
+    """Safe-load a YAML file whose top level is a mapping of ``allowed_keys``; problems (malformed YAML, an
+    unknown top-level key) raise ``error`` naming the file and the line or key."""
     import yaml
 
     try:
@@ -303,4 +304,7 @@ def read_yaml_mapping(path, error: type[Exception], allowed_keys) -> dict[str, A
         raise error(f"{path}: cannot read: {exc.strerror}") from None
     if not isinstance(data, dict):
         raise error(f"{path}: the top level must be a mapping of keys ({', '.join(sorted(allowed_keys))})")
+    for key in data:
+        if key not in allowed_keys:
+            raise error(f"{path}: {key}: unknown key; allowed: {', '.join(sorted(allowed_keys))}")
     return data

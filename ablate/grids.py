@@ -287,9 +287,6 @@ def load_grid(name_or_path: str, scale: str = DEFAULT_SCALE) -> Grid:
     """Load, validate and resolve one grid at ``scale``. Raises :class:`GridError` on any bad value."""
     path = resolve_grid_path(name_or_path)
     data = _read_yaml(path)
-    for k in data:
-        if k not in _TOP_KEYS:
-            raise _err(path, k, f"unknown key; allowed: {', '.join(sorted(_TOP_KEYS))}")
     if scale not in SCALES:
         raise _err(path, "scales", f"unknown scale {scale!r}; allowed: {', '.join(SCALES)}")
     name = data.get("name")

@@ -59,9 +59,6 @@ def load_preset(name_or_path: str) -> Preset:
                               "(or give a path to a .yaml file)")
         path = presets[name_or_path]
     data = read_yaml_mapping(path, PresetError, _TOP_KEYS)
-    for key in data:
-        if key not in _TOP_KEYS:
-            raise PresetError(f"{path}: {key}: unknown key; allowed: {', '.join(_TOP_KEYS)}")
     settings = data.get("settings")
     if not isinstance(settings, dict) or not settings:
         raise PresetError(f"{path}: settings: required: a non-empty mapping of RunConfig fields")

@@ -167,9 +167,6 @@ def load_dashboard(name_or_path: str | Path, grid: Grid | None = None) -> Dashbo
             raise SpecError(f"no dashboard spec for grid {name_or_path!r}; known: {', '.join(specs)}")
         p = specs[str(name_or_path)]
     data = read_yaml_mapping(p, SpecError, _TOP_KEYS)
-    for key in data:
-        if key not in _TOP_KEYS:
-            raise SpecError(f"{p}: {key}: unknown key; allowed: {', '.join(sorted(_TOP_KEYS))}")
     name = data.get("grid")
     if not isinstance(name, str) or not name:
         raise SpecError(f"{p}: grid: required: the name of the grid this dashboard belongs to")
