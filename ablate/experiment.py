@@ -236,7 +236,8 @@ class Experiment:
             out[f"r2_dim_{i}"] = v
         for lam, v in metrics.r2_per_block(r2["r2_per_dim"], cfg.lambda_true).items():
             out[f"r2_lambda_{lam:g}"] = v
-        out["mcc"] = metrics.mcc(h_eval, z_eval)
+        matching = metrics.match_dimensions(h_eval, z_eval)
+        out["mcc"] = metrics.mcc(h_eval, z_eval, matching)
 
         latents = self.sample_latents(cfg.batch_size, rng, hard_negatives=self._hard_negatives_active(self.step))
         out["eval_loss"] = float(self.compute_loss(latents))
@@ -261,7 +262,7 @@ class Experiment:
                     truth = (self._lambdas[0] - self._lambda_neg).tolist()
                 rec = metrics.lambda_recovery(flat[0], truth)
                 out["lambda_max_rel_error"] = rec["max_rel_error"]
-                matched = metrics.matched_lambda(h_eval, z_eval, flat[0], truth)
+                matched = metrics.matched_lambda(h_eval, z_eval, flat[0], truth, matching)
                 out["lambda_rank_corr"] = matched["rank_corr"]
 
         z_pos_pairs = latents["pairs"][0]

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from ablate.pair_loss import pair_cross_entropy
+from ablate.pair_loss import pair_cross_entropy, pair_targets
 
 __all__ = [
     "AnInfoNCE",
@@ -27,12 +27,6 @@ __all__ = [
     "infonce_logits",
     "pair_targets",
 ]
-
-
-def pair_targets(b: int, device: torch.device) -> Tensor:
-    """Index of each anchor's positive in the ``2B`` layout: ``i -> i + B`` and ``i + B -> i``."""
-    idx = torch.arange(b, device=device)
-    return torch.cat([idx + b, idx])
 
 
 def _mask_diagonal(logits: Tensor) -> Tensor:

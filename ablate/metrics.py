@@ -17,6 +17,7 @@ __all__ = [
     "lambda_recovery",
     "linear_r2",
     "loss_floor",
+    "match_dimensions",
     "matched_lambda",
     "mcc",
     "r2_per_block",
@@ -56,8 +57,13 @@ def r2_per_block(r2_per_dim: Sequence[float], concentration: Sequence[float]) ->
     return {float(v): float(r2[lam == v].mean()) for v in np.unique(lam)}
 
 
-def _matching(z_hat: Tensor, z: Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """|Pearson r| between every output and latent, and the Hungarian matching maximising it."""
+Matching = tuple[np.ndarray, np.ndarray, np.ndarray]
+
+
+def match_dimensions(z_hat: Tensor, z: Tensor) -> Matching:
+    """|Pearson r| between every output and latent, and the Hungarian matching maximising it
+    (``corr, rows, cols``: output ``rows[i]`` is matched to latent ``cols[i]``). Pass it to :func:`mcc` and
+    :func:`matched_lambda` to match once for both."""
     a = z_hat.detach().double().cpu()
     b = z.detach().double().cpu()
     a = (a - a.mean(0)) / a.std(0).clamp_min(1e-12)
@@ -67,18 +73,18 @@ def _matching(z_hat: Tensor, z: Tensor) -> tuple[np.ndarray, np.ndarray, np.ndar
     return corr, rows, cols
 
 
-def mcc(z_hat: Tensor, z: Tensor) -> float:
+def mcc(z_hat: Tensor, z: Tensor, matching: Matching | None = None) -> float:
     """Mean correlation coefficient: |Pearson r| after Hungarian matching of dimensions.
 
     Shape:
         z_hat: ``(n, k)``; z: ``(n, d)``.
     """
-    corr, rows, cols = _matching(z_hat, z)
+    corr, rows, cols = matching or match_dimensions(z_hat, z)
     return float(corr[rows, cols].mean())
 
 
 def matched_lambda(z_hat: Tensor, z: Tensor, lambda_hat: Sequence[float] | Tensor,
-                   lambda_true: Sequence[float] | Tensor) -> dict[str, object]:
+                   lambda_true: Sequence[float] | Tensor, matching: Matching | None = None) -> dict[str, object]:
     """Λ̂ of the encoder output matched (as in MCC) to each latent, and its rank correlation with Λ.
 
     Sorting both lists would make their ranks agree by construction; matching outputs to latents first
@@ -90,7 +96,7 @@ def matched_lambda(z_hat: Tensor, z: Tensor, lambda_hat: Sequence[float] | Tenso
     """
     from scipy.stats import spearmanr
 
-    _, rows, cols = _matching(z_hat, z)
+    _, rows, cols = matching or match_dimensions(z_hat, z)
     hat = np.asarray(torch.as_tensor(lambda_hat).detach().cpu(), dtype=float)
     true = np.asarray(torch.as_tensor(lambda_true).detach().cpu(), dtype=float)
     matched = np.empty_like(true)

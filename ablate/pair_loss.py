@@ -21,11 +21,17 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-__all__ = ["BLOCK_ELEMENTS", "pair_cross_entropy"]
+__all__ = ["BLOCK_ELEMENTS", "pair_cross_entropy", "pair_targets"]
 
 #: Target size of one logits block (rows × n floats): large enough for efficient matmuls, small enough to
 #: stay in cache-friendly memory.
 BLOCK_ELEMENTS = 1 << 18
+
+
+def pair_targets(b: int, device: torch.device) -> Tensor:
+    """Index of each anchor's positive in the ``2B`` layout: ``i -> i + B`` and ``i + B -> i``."""
+    idx = torch.arange(b, device=device)
+    return torch.cat([idx + b, idx])
 
 
 def pair_cross_entropy(h: Tensor, w: Tensor, column_coef: float, *, block_rows: int | None = None) -> Tensor:
@@ -55,7 +61,7 @@ class _PairCrossEntropy(torch.autograd.Function):
         hw = h * w
         q = (hw * h).sum(1)
         col = q * (-c)
-        target = torch.cat([torch.arange(b, n, device=h.device), torch.arange(0, b, device=h.device)])
+        target = pair_targets(b, h.device)
         total = h.new_zeros(())
         grad_h = torch.zeros_like(h)
         grad_w = torch.zeros_like(w)
