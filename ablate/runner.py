@@ -19,7 +19,7 @@ from typing import Any
 
 from ablate import __version__
 from ablate.grids import Grid, GridError, axis_text, n_reports
-from ablate.snapshots import BACKUP_DIR, DISCARDED_DIR, SnapshotError, choose_snapshot
+from ablate.snapshots import BACKUP_DIR, DISCARDED_DIR, SnapshotError, choose_snapshot, has_snapshot
 
 __all__ = ["RUN_MARKER", "RunError", "RunOutcome", "TrialOutcome", "check_run_dir", "probe_acceptance", "run_grid"]
 
@@ -268,8 +268,7 @@ def run_grid(
     _check_writable(storage)
     local = not _is_remote(run_dir)
     set_aside: dict[str, str] = {}
-    state_exists = local and (any(Path(run_dir).glob("experiment_state*.json"))
-                              or any(Path(run_dir, BACKUP_DIR).glob("*/experiment_state*.json")))
+    state_exists = local and has_snapshot(run_dir)
     if resume:
         if local and not Path(run_dir).exists():
             raise RunError(f"--resume: nothing to resume at {run_dir} (no such run)")

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 __all__ = ["BACKUP_DIR", "DISCARDED_DIR", "SnapshotChoice", "SnapshotError", "choose_snapshot", "file_problem",
-           "save_backup", "sessions"]
+           "has_snapshot", "save_backup", "sessions"]
 
 DISCARDED_DIR = ".ablate_discarded"
 BACKUP_DIR = ".ablate_snapshot"
@@ -107,6 +107,12 @@ def sessions(folder: str | Path) -> list[str]:
         return []
     names = (_EXPERIMENT.match(p.name) for p in folder.iterdir() if p.is_file())
     return sorted((m["session"] for m in names if m), reverse=True)
+
+
+def has_snapshot(run_dir: str | Path) -> bool:
+    """Whether ``run_dir`` holds an experiment snapshot, Ray's own or ablate's backup."""
+    run_dir = Path(run_dir)
+    return bool(sessions(run_dir)) or any(sessions(backup) for backup in _backups(run_dir))
 
 
 def save_backup(staging_dir: str | Path, run_dir: str | Path) -> Path | None:

@@ -53,12 +53,26 @@ class SnapshotKeeper(Callback):
             _log.warning("could not back up the experiment snapshot: %s", exc)
 
 
-def _cut_torn_line(path: Path) -> None:
-    """Drop a last line without its newline: the row a killed writer left half-written."""
+def _cut_torn_line(path: Path, chunk: int = 1 << 16) -> None:
+    """Drop a last line without its newline: the row a killed writer left half-written. Reads only the tail
+    (one byte when the file is intact), so appending stays cheap however long the log grows."""
     with path.open("rb+") as f:
-        data = f.read()
-        if data and not data.endswith(b"\n"):
-            f.truncate(data.rfind(b"\n") + 1)
+        end = f.seek(0, os.SEEK_END)
+        if end == 0:
+            return
+        f.seek(end - 1)
+        if f.read(1) == b"\n":
+            return
+        stop = end
+        while stop > 0:
+            start = max(0, stop - chunk)
+            f.seek(start)
+            cut = f.read(stop - start).rfind(b"\n")
+            if cut >= 0:
+                f.truncate(start + cut + 1)
+                return
+            stop = start
+        f.truncate(0)
 
 
 def append_row(path: Path, row: dict) -> None:

@@ -147,8 +147,8 @@ def bench_time_to_r2(preset: str, budget_s: float, seed: int = 0, targets=(0.9, 
     from ablate.experiment import Experiment
     from ablate.presets import load_preset
 
-    settings = {**load_preset(preset).settings, **BIMODAL, "seed": seed} if preset != "reference" else \
-        {**BIMODAL, "seed": seed}
+    preset_settings = {} if preset == "reference" else load_preset(preset).settings
+    settings = {**preset_settings, **BIMODAL, "seed": seed}
     exp = Experiment(RunConfig.build(settings, f"preset {preset}"))
     cfg = exp.config
     reached: dict[float, float] = {}

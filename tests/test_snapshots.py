@@ -152,3 +152,16 @@ def test_optuna_run_with_a_torn_snapshot_resumes_from_the_backup(ray_session, tm
     assert f"searcher-state-{session}.pkl" in again.set_aside
     assert len(again.trials) == len(first.trials) and not again.failed
     assert len(list(run_dir.glob("trial_*"))) == len(first.trials), "no new trial was started"
+
+
+@pytest.mark.parametrize("torn", [b'{"step": 1', b"x" * 200_000])  # a cut row, short or longer than a chunk
+def test_result_log_drops_a_torn_last_line_before_appending(tmp_path, torn):
+    from ablate.tune_callbacks import append_row
+
+    path = tmp_path / "result.json"
+    path.write_bytes(b'{"step": 0}\n' + torn)
+    append_row(path, {"step": 1})
+    assert [json.loads(line) for line in path.read_text().splitlines()] == [{"step": 0}, {"step": 1}]
+    path.write_bytes(torn)  # no complete line at all
+    append_row(path, {"step": 2})
+    assert path.read_text() == '{"step": 2}\n'
