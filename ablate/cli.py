@@ -27,6 +27,19 @@ def _table(rows: list[dict[str, Any]]) -> str:
 
 
 # ----------------------------------------------------------------- train
+def generator_line(stats: dict[str, float]) -> str:
+    """One line on how hard g is to invert: threshold, per-layer condition numbers, linear R² of g alone."""
+    layers = [v for k, v in sorted(stats.items()) if k.startswith("g_cond_layer_")]
+    return (f"g: layer condition numbers {', '.join(f'{c:.2f}' for c in layers)} "
+            f"(threshold {stats['g_cond_threshold']:.2f}); linear R² of z from g(z) {stats['g_linear_r2']:.3f}")
+
+
+def lambda_hat_line(lambda_hat: list[float], truth: list[float]) -> str:
+    """Λ̂ sorted ascending beside the true Λ sorted ascending (blocks may permute, so compare sorted)."""
+    return (f"Λ̂ sorted [{' '.join(f'{v:.2f}' for v in sorted(lambda_hat))}]  "
+            f"true Λ sorted [{' '.join(f'{v:g}' for v in sorted(truth))}]")
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from ablate.experiment import Experiment
 
@@ -41,6 +54,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     exp = Experiment(config)
     print(f"# ablate train: d={config.latent_dim} batch={config.batch_size} loss={config.loss} "
           f"Λ={config.concentration} steps={steps} device={exp.device}", flush=True)
+    print(f"# {generator_line(exp.generator_stats)}", flush=True)
     started = time.time()
     while exp.step < steps:
         n = min(config.report_every, steps - exp.step)
@@ -49,6 +63,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         blocks = " ".join(f"{k}={v:.3f}" for k, v in m.items() if k.startswith("r2_lambda_"))
         print(f"step={m['step']} loss={m['loss']:.4f} r2={m['r2']:.4f} {blocks} mcc={m['mcc']:.3f} "
               f"elapsed={time.time() - started:.1f}s", flush=True)
+        lam_hat = exp.lambda_hat()
+        if lam_hat is not None and config.loss in ("aninfonce", "ensemble_aninfonce"):
+            print(f"    {lambda_hat_line(lam_hat.reshape(-1, config.latent_dim)[0].tolist(), config.lambda_true)}",
+                  flush=True)
     return 0
 
 
@@ -93,6 +111,18 @@ def cmd_show(args: argparse.Namespace) -> int:
     print(f"seeds: {grid.seeds}")
     for c in grid.chosen:
         print(f"chosen: {c}")
+    if args.generator:
+        from ablate.experiment import generator_stats
+
+        print("generator g (one line per distinct g of the grid):")
+        seen = set()
+        for trial in grid.trials:
+            cfg = trial.config
+            key = (cfg.latent_dim, cfg.generator_layers, cfg.effective_generator_seed, cfg.generator_cond_quantile,
+                   cfg.generator_cond_samples)
+            if key not in seen:
+                seen.add(key)
+                print(f"  d={key[0]} seed={key[2]}: {generator_line(generator_stats(cfg))}", flush=True)
     return 0
 
 
@@ -214,6 +244,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("show", help="a grid's resolved settings and axes")
     s.add_argument("grid")
     s.add_argument("--scale", default="laptop", choices=["smoke", "laptop", "paper"])
+    s.add_argument("--no-generator", dest="generator", action="store_false",
+                   help="skip building each g of the grid (seconds per g at d >= 20) to print its condition numbers")
     s.set_defaults(func=cmd_show)
 
     r = sub.add_parser("run", help="run a grid through Ray Tune")

@@ -20,11 +20,13 @@ from ablate.encoder import Encoder, init_encoder_
 from ablate.generator import build_generator
 from ablate.losses import AnInfoNCE, EnsembleAnInfoNCE, HardNegativeAnInfoNCE, InfoNCE, TriCL
 
-__all__ = ["Experiment", "NonFiniteLossError", "build_loss", "resolve_device"]
+__all__ = ["Experiment", "NonFiniteLossError", "build_loss", "generator_stats", "resolve_device"]
 
 #: Fixed offsets so the data and evaluation streams never coincide with the init stream.
 _DATA_STREAM = 1_000_003
 _EVAL_STREAM = 2_000_003
+#: Stream of the samples that measure how linear g alone is (seeded by g's own seed).
+_GENERATOR_STREAM = 3_000_017
 #: Anchors used for the similarity histograms (n² pairs).
 _OVERLAP_SAMPLES = 1000
 
@@ -61,6 +63,35 @@ def build_loss(config: RunConfig, generator: torch.Generator) -> torch.nn.Module
     return AnInfoNCE(d, fixed, init_std=std, generator=generator)
 
 
+def _build_generator(config: RunConfig):
+    return build_generator(
+        config.latent_dim,
+        n_layers=config.generator_layers,
+        seed=config.effective_generator_seed,
+        cond_quantile=config.generator_cond_quantile,
+        n_cond_samples=config.generator_cond_samples,
+    )
+
+
+@torch.no_grad()
+def generator_stats(config: RunConfig, generator: torch.nn.Module | None = None) -> dict[str, float]:
+    """How hard g is to invert: the condition-number threshold (``g_cond_threshold``), each layer's condition
+    number (``g_cond_layer_i``) and the linear R² of z from x = g(z) (``g_linear_r2``; 1 = g is linear), the
+    latter on ``eval_samples`` samples seeded by g's own seed. Builds g from ``config`` unless given."""
+    g = _build_generator(config) if generator is None else generator
+    param = next(g.parameters())
+    info = g.info
+    out = {"g_cond_threshold": info.threshold, "g_cond_pools": float(info.pools)}
+    for i, c in enumerate(info.layer_conditions):
+        out[f"g_cond_layer_{i}"] = c
+    d, n = config.latent_dim, config.eval_samples
+    rng = torch.Generator(device=param.device).manual_seed(config.effective_generator_seed + _GENERATOR_STREAM)
+    z_fit = dgp.sample_uniform(n, d, generator=rng, device=param.device, dtype=param.dtype)
+    z_eval = dgp.sample_uniform(n, d, generator=rng, device=param.device, dtype=param.dtype)
+    out["g_linear_r2"] = metrics.linear_r2(g(z_fit), z_fit, g(z_eval), z_eval)["r2"]
+    return out
+
+
 class Experiment:
     """One run of the synthetic DGP → encoder → contrastive loss pipeline.
 
@@ -78,13 +109,8 @@ class Experiment:
         self.dtype = getattr(torch, config.dtype)
         d = config.latent_dim
         init_rng = torch.Generator().manual_seed(config.seed)
-        self.generator = build_generator(
-            d,
-            n_layers=config.generator_layers,
-            seed=config.effective_generator_seed,
-            cond_quantile=config.generator_cond_quantile,
-            n_cond_samples=config.generator_cond_samples,
-        ).to(self.device, self.dtype)
+        self.generator = _build_generator(config).to(self.device, self.dtype)
+        self.generator_stats = generator_stats(config, self.generator)
         self.encoder = Encoder(d, d, config.encoder_widths, normalize=config.normalize_output)
         init_encoder_(self.encoder, init_rng)
         self.encoder.to(self.device, self.dtype)
@@ -220,7 +246,8 @@ class Experiment:
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, Any]:
-        """Metrics on fresh samples: R² (overall, per dim, per Λ block), MCC, Λ̂, loss vs floor, overlap."""
+        """Metrics on fresh samples: R² (overall, per dim, per Λ block), MCC, Λ̂, loss vs floor, overlap; and g's
+        difficulty (``g_cond_threshold``, ``g_cond_layer_i``, ``g_linear_r2``), the same at every report."""
         cfg = self.config
         self.encoder.eval()
         d = cfg.latent_dim
@@ -274,6 +301,7 @@ class Experiment:
         out["nn_is_positive"] = sim["nn_is_positive"]
         out["sim_pos_hist"] = sim["pos_hist"]
         out["sim_neg_hist"] = sim["neg_hist"]
+        out.update(self.generator_stats)
         self.encoder.train()
         return out
 

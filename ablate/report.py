@@ -433,10 +433,26 @@ def _settings_html(run: Run) -> str:
                                     "why": c.get("why")} for c in grid.chosen])
             parts.append("<details><summary>values the papers' text does not give (chosen)</summary>"
                          f"{_html_table(chosen)}</details>")
+    gen = generator_table(run.df)
+    if not gen.empty:
+        parts.append("<details open><summary>generator g: how hard the inversion is (condition numbers per layer, the "
+                     "threshold each layer had to beat, and the linear R² of z from g(z); 1 would be a linear g)</summary>"
+                     f"{_html_table(gen)}</details>")
     if marker.get("grid_yaml"):
         parts.append(f"<details><summary>grid YAML as run</summary><pre>{html.escape(marker['grid_yaml'])}</pre>"
                      "</details>")
     return "\n".join(parts)
+
+
+def generator_table(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per distinct generator g of a run: its condition numbers, threshold, linear R², and trials."""
+    cols = sorted(c for c in df.columns if c.startswith("g_cond_layer_")) + ["g_cond_threshold", "g_linear_r2"]
+    if df.empty or "g_linear_r2" not in df.columns or "trial_id" not in df.columns:
+        return pd.DataFrame()
+    last = df.dropna(subset=["g_linear_r2"]).groupby("trial_id").tail(1)
+    keys = [c for c in ("latent_dim", "generator_seed") if c in last.columns]
+    table = last.groupby(keys + cols, dropna=False).size().reset_index(name="trials")
+    return table.round({c: 3 for c in cols})
 
 
 def _where_text(v: Any) -> str:

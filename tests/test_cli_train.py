@@ -46,6 +46,11 @@ def test_train_prints_one_line_per_report():
         assert "r2_lambda_5=" in line and "r2_lambda_25=" in line, line
         assert "mcc=" in line, line
     assert "d=4" in proc.stdout and "batch=64" in proc.stdout
+    # g's difficulty once, Λ̂ (sorted, beside the sorted truth) at every report
+    assert re.search(r"g: layer condition numbers [\d.]+, [\d.]+, [\d.]+ \(threshold [\d.]+\); linear R² of z from g\(z\) [\d.]+",
+                     proc.stdout), proc.stdout
+    lam_lines = [line for line in proc.stdout.splitlines() if "Λ̂ sorted" in line]
+    assert len(lam_lines) == 2 and "true Λ sorted [5 5 25 25]" in lam_lines[0], proc.stdout
     assert "Traceback" not in proc.stderr
 
 

@@ -237,3 +237,19 @@ def test_true_latent_loss_over_fixed_lambda_is_lowest_at_positive_minus_negative
                            batch_size=2000, encoder_widths=[1], eval_samples=64, generator_cond_samples=100)
         losses[lam] = Experiment(config).evaluate()["true_latent_loss"]
     assert min(losses, key=losses.get) == 50.0, losses
+
+
+def test_every_evaluation_records_how_hard_g_is_to_invert():
+    exp = make()
+    out = exp.evaluate()
+    info = exp.generator.info
+    assert out["g_cond_threshold"] == info.threshold
+    assert [out[f"g_cond_layer_{i}"] for i in range(3)] == list(info.layer_conditions)
+    assert max(info.layer_conditions) <= info.threshold
+    # g alone is non-linear (R² < 1) but not hopeless (R² > 0), the same at every report and for every seed
+    assert 0.3 < out["g_linear_r2"] < 0.999
+    exp.train(3)
+    assert exp.evaluate()["g_linear_r2"] == out["g_linear_r2"]
+    assert make(seed=1, generator_seed=0).evaluate()["g_linear_r2"] == out["g_linear_r2"]
+    # a linear g (1 layer) is recovered linearly: R² = 1 up to rounding
+    assert make(generator_layers=1).evaluate()["g_linear_r2"] == pytest.approx(1.0, abs=1e-6)
