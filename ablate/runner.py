@@ -24,6 +24,8 @@ from ablate.snapshots import BACKUP_DIR, DISCARDED_DIR, SnapshotError, choose_sn
 __all__ = ["RUN_MARKER", "RunError", "RunOutcome", "TrialOutcome", "check_run_dir", "probe_acceptance", "run_grid"]
 
 RUN_MARKER = "ablate_run.json"
+#: The SQLite file that holds an Optuna grid's study (opens in optuna-dashboard and optuna.load_study).
+OPTUNA_DB = "optuna.db"
 _log = logging.getLogger("ablate.runner")
 #: Metrics shown in the live progress table.
 PROGRESS_METRICS = ("step", "r2", "loss", "mcc")
@@ -309,7 +311,7 @@ def run_grid(
         tuner = tune.Tuner(
             trainable,
             param_space=grid.param_space(),
-            tune_config=_tune_config(grid, max_concurrent),
+            tune_config=_tune_config(grid, max_concurrent, run_dir),
             run_config=tune.RunConfig(
                 name=run_name,
                 storage_path=storage if _is_remote(storage) else str(Path(storage).expanduser().resolve()),
@@ -378,7 +380,12 @@ def _refuse_silent_restart(run_dir: str):
         logger.removeFilter(guard)
 
 
-def _tune_config(grid: Grid, max_concurrent: int | None):
+def optuna_storage_url(run_dir: str | Path) -> str:
+    """SQLAlchemy URL of a local run's Optuna study (``sqlite:///RUN_DIR/optuna.db``)."""
+    return f"sqlite:///{Path(run_dir).resolve() / OPTUNA_DB}"
+
+
+def _tune_config(grid: Grid, max_concurrent: int | None, run_dir: str | None = None):
     from ray import tune
 
     if grid.search != "optuna":
@@ -389,7 +396,13 @@ def _tune_config(grid: Grid, max_concurrent: int | None):
     from ray.tune.search.optuna import OptunaSearch
 
     opt = grid.optuna
-    searcher = OptunaSearch(metric=opt["metric"], mode=opt["mode"], seed=grid.seeds[0])
+    storage = None
+    if run_dir is not None and not _is_remote(run_dir):  # a study on disk; remote runs keep it in memory
+        import optuna
+
+        storage = optuna.storages.RDBStorage(optuna_storage_url(run_dir))
+    searcher = OptunaSearch(metric=opt["metric"], mode=opt["mode"], seed=grid.seeds[0], storage=storage,
+                            study_name=grid.name if storage is not None else None)
     limit = max_concurrent or opt.get("max_concurrent") or 2
     if "time_budget_s" in opt:  # rungs in seconds of training: settings compete at equal wall time
         scheduler = ASHAScheduler(time_attr="time_total_s", max_t=opt["time_budget_s"],

@@ -238,3 +238,24 @@ def test_param_space_starts_the_costliest_trials_first():
     assert order[0] == (max(grid.axes["batch_size"]), max(grid.axes["latent_dim"]))
     assert order[-1] == (min(grid.axes["batch_size"]), min(grid.axes["latent_dim"]))
     assert sorted(order) == sorted({(t.config.batch_size, t.config.latent_dim) for t in grid.trials})
+
+
+def test_an_optuna_grid_stores_its_study_in_sqlite_that_optuna_can_open(ray_session, tmp_path):
+    import optuna
+
+    from ablate.runner import OPTUNA_DB, optuna_storage_url
+
+    grid = load_grid("tune_aninfonce", "smoke")
+    outcome = run_grid(grid, storage=str(tmp_path), name="study", verbose=0)
+    assert (outcome.run_dir / OPTUNA_DB).is_file()
+    study = optuna.load_study(study_name=grid.name, storage=optuna_storage_url(outcome.run_dir))
+    finished = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert len(finished) == len(outcome.trials) == grid.n_trials
+    # each study trial's value is the R² its Ray trial last reported, with the sampled parameters
+    last_r2 = sorted(round(t.last["r2"], 9) for t in outcome.trials)
+    assert sorted(round(t.value, 9) for t in finished) == last_r2
+    assert all(set(t.params) == set(grid.optuna["space"]) for t in finished)
+    # a resume of the finished search reopens the same study instead of starting another one
+    run_grid(grid, storage=str(tmp_path), name="study", verbose=0, resume=True)
+    again = optuna.load_study(study_name=grid.name, storage=optuna_storage_url(outcome.run_dir))
+    assert len(again.trials) == len(study.trials)
