@@ -41,11 +41,11 @@ def lambda_hat_line(lambda_hat: list[float], truth: list[float]) -> str:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from ablate.experiment import Experiment
+    from ablate.core.experiment import Experiment
 
     settings = {}
     if args.preset:
-        from ablate.presets import load_preset
+        from ablate.service.presets import load_preset
 
         settings.update(load_preset(args.preset).settings)
     settings.update(parse_assignments(args.set or []))
@@ -72,7 +72,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------ list / show
 def cmd_list(args: argparse.Namespace) -> int:
-    from ablate.grids import SCALES, known_grids, load_grid
+    from ablate.service.grids import SCALES, known_grids, load_grid
 
     rows = []
     for name in known_grids():
@@ -87,7 +87,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from ablate.grids import load_grid
+    from ablate.service.grids import load_grid
 
     grid = load_grid(args.grid, args.scale)
     print(f"grid: {grid.name}  (scale {grid.scale}, file {grid.path})")
@@ -112,7 +112,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     for c in grid.chosen:
         print(f"chosen: {c}")
     if args.generator:
-        from ablate.experiment import generator_stats
+        from ablate.core.experiment import generator_stats
 
         print("generator g (one line per distinct g of the grid):")
         seen = set()
@@ -128,12 +128,12 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------- run
 def cmd_run(args: argparse.Namespace) -> int:
-    from ablate.grids import load_grid
-    from ablate.runner import auth_hint, run_grid, summary_rows
+    from ablate.service.grids import load_grid
+    from ablate.service.runner import auth_hint, run_grid, summary_rows
 
     grid = load_grid(args.grid, args.scale)
     if args.preset:
-        from ablate.presets import load_preset
+        from ablate.service.presets import load_preset
 
         preset = load_preset(args.preset)
         kept = grid.apply_settings(preset.settings, f"preset {preset.name}:", axes_win=True)
@@ -162,7 +162,7 @@ def cmd_run(args: argparse.Namespace) -> int:
               f"{json.dumps(outcome.best_config['config'], default=str)}  (saved to {outcome.run_dir}/best_config.json)")
     print(f"\nrun directory: {outcome.run_dir}")
     if getattr(args, "report", False):
-        from ablate.report import write_report
+        from ablate.reports.report import write_report
 
         print(f"report: {write_report(str(outcome.run_dir))}")
     if outcome.failed:
@@ -174,7 +174,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from ablate.status import run_status
+    from ablate.analysis.status import run_status
 
     info = run_status(args.run_dir)
     print(f"run: {args.run_dir}  grid: {info['grid']} ({info['scale']})")
@@ -185,7 +185,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 # ------------------------------------------------- report / export / dashboard
 def cmd_report(args: argparse.Namespace) -> int:
-    from ablate.report import watch_report, write_report
+    from ablate.reports.report import watch_report, write_report
 
     if args.watch is None:
         print(f"report: {write_report(args.run_dir, args.out, args.dashboard)}")
@@ -200,7 +200,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from ablate.results import export_results
+    from ablate.analysis.results import export_results
 
     remote = "://" in args.run_dir
     out = args.out or (args.run_dir.rstrip("/") + "/results.csv" if remote else str(Path(args.run_dir) / "results.csv"))
@@ -209,7 +209,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_claims(args: argparse.Namespace) -> int:
-    from ablate.claims import evaluate_run, markdown_table, text_report
+    from ablate.analysis.claims import evaluate_run, markdown_table, text_report
 
     results = []
     for run_dir in args.run_dir:
@@ -222,7 +222,7 @@ def cmd_claims(args: argparse.Namespace) -> int:
 
 
 def cmd_dashboard(args: argparse.Namespace) -> int:
-    from ablate.dashboard import serve
+    from ablate.service.cluster import serve
 
     return serve(args.host, args.port, out=lambda m: print(m, flush=True))
 
@@ -299,10 +299,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `ablate` console script."""
-    from ablate.dgp import LowAcceptanceError
-    from ablate.grids import GridError
-    from ablate.presets import PresetError
-    from ablate.runner import RunError
+    from ablate.core.dgp import LowAcceptanceError
+    from ablate.service.grids import GridError
+    from ablate.service.presets import PresetError
+    from ablate.service.runner import RunError
 
     args = build_parser().parse_args(argv)
     try:

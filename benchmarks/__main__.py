@@ -44,7 +44,7 @@ def step_flops(exp) -> float:
 
 def bench_step(batch: int, d: int, steps: int, widths=None) -> dict:
     from ablate.config import RunConfig
-    from ablate.experiment import Experiment
+    from ablate.core.experiment import Experiment
 
     kw = {} if widths is None else {"encoder_widths": widths}
     exp = Experiment(RunConfig(latent_dim=d, batch_size=batch, concentration=75, generator_seed=0, **kw))
@@ -74,7 +74,7 @@ def bench_sampler(d: int, lam: float, n: int = 20000) -> dict:
 
 def _peak_rss_child(batch: int) -> None:
     from ablate.config import RunConfig
-    from ablate.experiment import Experiment
+    from ablate.core.experiment import Experiment
 
     exp = Experiment(RunConfig(batch_size=batch, concentration=75, generator_seed=0))
     exp.train(3)
@@ -94,9 +94,9 @@ def bench_memory(batch: int) -> dict:
 def bench_ray(grid_name: str, scale: str) -> dict:
     import tempfile
 
-    from ablate.grids import load_grid
-    from ablate.results import load_results
-    from ablate.runner import run_grid
+    from ablate.service.grids import load_grid
+    from ablate.analysis.results import load_results
+    from ablate.service.runner import run_grid
 
     grid = load_grid(grid_name, scale)
     with tempfile.TemporaryDirectory() as tmp:
@@ -117,7 +117,7 @@ def bench_profile(batch: int = 1000, d: int = 10, steps: int = 20, top: int = 12
     from torch.profiler import ProfilerActivity, profile
 
     from ablate.config import RunConfig
-    from ablate.experiment import Experiment
+    from ablate.core.experiment import Experiment
 
     exp = Experiment(RunConfig(latent_dim=d, batch_size=batch, concentration=75, generator_seed=0))
     exp.train(3)
@@ -144,8 +144,8 @@ def bench_time_to_r2(preset: str, budget_s: float, seed: int = 0, targets=(0.9, 
     on the bimodal setting, training with ``preset``; stops at the last target or after ``budget_s``.
     ``curve``: a CSV file that receives ``seconds,step,r2`` after every report."""
     from ablate.config import RunConfig
-    from ablate.experiment import Experiment
-    from ablate.presets import load_preset
+    from ablate.core.experiment import Experiment
+    from ablate.service.presets import load_preset
 
     preset_settings = {} if preset == "reference" else load_preset(preset).settings
     settings = {**preset_settings, **BIMODAL, "seed": seed}

@@ -14,8 +14,8 @@ from torch import Tensor
 from torch.nn import functional as F
 
 from ablate import dgp
-from ablate.encoder import REFERENCE_WIDTHS
-from ablate.generator import build_generator
+from ablate.core.encoder import REFERENCE_WIDTHS
+from ablate.core.generator import build_generator
 
 __all__ = ["BatchedAnInfoNCEModels", "batched_aninfonce_loss"]
 

@@ -90,7 +90,7 @@ def part_limit(out: Path) -> list[dict]:
 # ------------------------------------------------------------------- step
 def _experiment(settings: dict, seed: int = 0):
     from ablate.config import RunConfig
-    from ablate.experiment import Experiment
+    from ablate.core.experiment import Experiment
 
     return Experiment(RunConfig.build({**settings, "seed": seed, "device": "cuda"}, "gpu_check"))
 

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from test_report import runs_root, smoke_run
 
-from ablate.grids import known_grids
-from ablate.report import load_dashboard, write_report
+from ablate.service.grids import known_grids
+from ablate.reports.report import load_dashboard, write_report
 
 pytestmark = pytest.mark.slow
 

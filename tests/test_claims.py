@@ -5,9 +5,10 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from ablate import claims, cli
+from ablate import cli
+from ablate.analysis import claims
 from ablate.config import RunConfig
-from ablate.panels import RunContext
+from ablate.reports.panels import RunContext
 
 
 def table(trials: list[dict], grid: str = "") -> pd.DataFrame:
@@ -268,8 +269,8 @@ def test_markdown_row_names_the_command():
 # --------------------------------------------------------------------------- a real run
 @pytest.mark.slow
 def test_evaluate_run_on_a_real_smoke_run(ray_session, tmp_path, capsys):
-    from ablate.grids import load_grid
-    from ablate.runner import run_grid
+    from ablate.service.grids import load_grid
+    from ablate.service.runner import run_grid
 
     outcome = run_grid(load_grid("bimodal_dynamics", "smoke"), storage=str(tmp_path), verbose=0)
     assert not outcome.failed

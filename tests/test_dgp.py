@@ -1,4 +1,4 @@
-"""Statistical tests of the latent samplers in ``ablate.dgp``.
+"""Statistical tests of the latent samplers in ``ablate.core.dgp``.
 
 Every test uses a fixed ``torch.Generator`` seed, so it is deterministic; tolerances are stated next to
 each assertion and are a few standard errors of the estimate at the sample size used (so a wrong law,
@@ -15,7 +15,7 @@ import torch
 from scipy import stats
 from scipy.special import ive
 
-from ablate.dgp import (
+from ablate.core.dgp import (
     LowAcceptanceError,
     sample_conditional,
     sample_hard_negatives,

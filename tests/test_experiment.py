@@ -1,4 +1,4 @@
-"""Tests of `ablate.experiment.Experiment`: learning, determinism, bit-exact resume, metrics and NaN guard.
+"""Tests of `ablate.core.experiment.Experiment`: learning, determinism, bit-exact resume, metrics and NaN guard.
 
 Every run is small (d = 4, narrow encoder, batches of 128) and on the CPU, so the whole file takes seconds.
 """
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from ablate.config import RunConfig
-from ablate.experiment import Experiment, NonFiniteLossError
+from ablate.core.experiment import Experiment, NonFiniteLossError
 
 #: Small settings shared by every test; each test overrides what it exercises.
 SMALL = {

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from ablate.grids import load_grid
-from ablate.runner import run_grid
+from ablate.service.grids import load_grid
+from ablate.service.runner import run_grid
 
 pytestmark = pytest.mark.slow
 
@@ -60,7 +60,7 @@ def test_nonfinite_loss_errors_the_trial_names_the_step_and_keeps_the_others(ray
     (healthy,) = [t for t in outcome.trials if t.status == "TERMINATED"]
     assert healthy.last["step"] == 25
 
-    from ablate.status import run_status
+    from ablate.analysis.status import run_status
 
     info = run_status(outcome.run_dir)
     assert info["counts"]["errored"] == 1 and info["counts"]["finished"] == 1
@@ -99,7 +99,7 @@ def test_unwritable_storage_is_refused(tmp_path, capsys):
 
 
 def test_nonfinite_trial_under_optuna_is_recorded_as_failed(ray_session, tmp_path):
-    from ablate.grids import load_grid as load
+    from ablate.service.grids import load_grid as load
 
     path = tmp_path / "diverging.yaml"
     path.write_text(

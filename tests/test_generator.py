@@ -1,4 +1,4 @@
-"""Tests of the fixed generator g (``ablate.generator``) and the encoder f (``ablate.encoder``)."""
+"""Tests of the fixed generator g (``ablate.core.generator``) and the encoder f (``ablate.core.encoder``)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import torch
 from torch import nn
 
 from ablate.config import RunConfig
-from ablate.dgp import sample_uniform
-from ablate.encoder import REFERENCE_WIDTHS, Encoder
-from ablate.generator import (
+from ablate.core.dgp import sample_uniform
+from ablate.core.encoder import REFERENCE_WIDTHS, Encoder
+from ablate.core.generator import (
     GENERATOR_SLOPE,
     PAPER_COND_QUANTILE,
     PAPER_COND_SAMPLES,

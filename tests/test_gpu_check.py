@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ablate.losses import AnInfoNCE
+from ablate.core.losses import AnInfoNCE
 from benchmarks.batched import BatchedAnInfoNCEModels, batched_aninfonce_loss
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from ablate.grids import load_grid
-from ablate.results import load_results
-from ablate.runner import run_grid
+from ablate.service.grids import load_grid
+from ablate.analysis.results import load_results
+from ablate.service.runner import run_grid
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,4 @@
-"""Tests of the contrastive losses in ``ablate.losses`` against plain slow loops and closed forms."""
+"""Tests of the contrastive losses in ``ablate.core.losses`` against plain slow loops and closed forms."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ablate.dgp import sample_conditional, sample_hard_negatives, sample_uniform
-from ablate.losses import (
+from ablate.core.dgp import sample_conditional, sample_hard_negatives, sample_uniform
+from ablate.core.losses import (
     AnInfoNCE,
     EnsembleAnInfoNCE,
     HardNegativeAnInfoNCE,
@@ -351,7 +351,7 @@ def test_aninfonce_gradients_match_finite_differences():
 @pytest.mark.parametrize("block_rows", [1, 3, 7, 16, None])
 @pytest.mark.parametrize("column_coef", [0.5, 0.0])
 def test_pair_cross_entropy_matches_autograd_on_full_logits(block_rows, column_coef):
-    from ablate.pair_loss import pair_cross_entropy
+    from ablate.core.losses.pair import pair_cross_entropy
 
     g = torch.Generator().manual_seed(5)
     b, d = 8, 5
@@ -388,7 +388,7 @@ def test_losses_take_the_fused_path_only_with_gradients_and_agree_with_the_plain
 
 
 def test_pair_cross_entropy_is_stable_for_large_concentrations():
-    from ablate.pair_loss import pair_cross_entropy
+    from ablate.core.losses.pair import pair_cross_entropy
 
     g = torch.Generator().manual_seed(2)
     h = torch.nn.functional.normalize(torch.randn(64, 10, generator=g), dim=1).requires_grad_()

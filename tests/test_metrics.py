@@ -1,4 +1,4 @@
-"""Tests of the identifiability metrics in ``ablate.metrics``."""
+"""Tests of the identifiability metrics in ``ablate.core.metrics``."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from ablate.dgp import sample_conditional, sample_hard_negatives, sample_uniform
-from ablate.losses import AnInfoNCE, HardNegativeAnInfoNCE
-from ablate.metrics import (
+from ablate.core.dgp import sample_conditional, sample_hard_negatives, sample_uniform
+from ablate.core.losses import AnInfoNCE, HardNegativeAnInfoNCE
+from ablate.core.metrics import (
     iterations_to_target,
     lambda_recovery,
     linear_r2,

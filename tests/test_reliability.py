@@ -112,7 +112,7 @@ def test_repeated_driver_kills_never_lose_progress(tmp_path, uninterrupted, seed
     """Ray's experiment-restore test as the model: kill -9 the driver three times at random moments.
 
     A kill often lands while Ray copies its snapshot into the run directory; resume then starts from the
-    newest complete snapshot (ablate.snapshots) instead of letting Ray restart the grid with no parameters.
+    newest complete snapshot (ablate.service.snapshots) instead of letting Ray restart the grid with no parameters.
     """
     rng = random.Random(seed)
     run_dir = tmp_path / "r"

@@ -15,11 +15,11 @@ import pytest
 
 from ablate import cli
 from ablate.config import RunConfig
-from ablate.dashboard import DashboardHandle, auth_lines, check_host, is_loopback
-from ablate.grids import SCALES, known_grids, load_grid
-from ablate.metrics import iterations_to_target
-from ablate.panels import PANELS, PanelSpec, RunContext, final_rows, panel_data
-from ablate.report import (
+from ablate.service.cluster import DashboardHandle, auth_lines, check_host, is_loopback
+from ablate.service.grids import SCALES, known_grids, load_grid
+from ablate.core.metrics import iterations_to_target
+from ablate.reports.panels import PANELS, PanelSpec, RunContext, final_rows, panel_data
+from ablate.reports.report import (
     DASHBOARD_DIR,
     SpecError,
     build_panels,
@@ -29,8 +29,8 @@ from ablate.report import (
     watch_report,
     write_report,
 )
-from ablate.results import load_results
-from ablate.runner import RUN_MARKER, RunError
+from ablate.analysis.results import load_results
+from ablate.service.runner import RUN_MARKER, RunError
 
 #: The columns of each panel kind's data frame.
 COLUMNS = {
@@ -256,7 +256,7 @@ def test_report_refuses_a_directory_ablate_did_not_write(tmp_path, capsys):
 
 
 def test_watch_rewrites_until_every_trial_finished(bvd, tmp_path, monkeypatch):
-    import ablate.report as report
+    import ablate.reports.report as report
 
     states = iter([False, False, True])
     monkeypatch.setattr(report, "run_finished", lambda run: next(states))
@@ -341,7 +341,7 @@ def test_dashboard_warns_for_another_host_and_refuses_it_without_auth():
 
 
 def test_dashboard_prints_url_and_how_to_authenticate(monkeypatch, capsys, tmp_path):
-    import ablate.dashboard as dashboard
+    import ablate.service.cluster as dashboard
 
     closed = []
     handle = DashboardHandle(url="http://127.0.0.1:8265", started=True, shutdown=lambda: closed.append(True))

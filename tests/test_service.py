@@ -14,9 +14,9 @@ import pytest
 from conftest import run_logged
 
 from ablate import cli
-from ablate.grids import GridError, known_grids, load_grid, n_reports
-from ablate.runner import run_grid
-from ablate.trainable import CHECKPOINT_FILE
+from ablate.service.grids import GridError, known_grids, load_grid, n_reports
+from ablate.service.runner import run_grid
+from ablate.service.trainable import CHECKPOINT_FILE
 
 pytestmark = pytest.mark.slow
 
@@ -37,7 +37,7 @@ def test_every_grid_runs_at_smoke_scale(name, ray_session, tmp_path):
     for trial_dir in trial_dirs:
         rows = _rows(trial_dir)
         params = json.loads((trial_dir / "params.json").read_text())
-        from ablate.grids import config_from_params
+        from ablate.service.grids import config_from_params
 
         expected = n_reports(config_from_params(params))
         if grid.search == "optuna":  # ASHA may stop a trial early
@@ -54,7 +54,7 @@ def test_every_grid_runs_at_smoke_scale(name, ray_session, tmp_path):
 
 
 def test_trainable_save_restore_round_trip(tmp_path):
-    from ablate.trainable import AblateTrainable
+    from ablate.service.trainable import AblateTrainable
 
     grid = load_grid("batch_vs_dim", "smoke")
     params = {"grid": "batch_vs_dim", **grid.base, "max_steps": 40, "batch_size": 32, "latent_dim": 3, "seed": 1}
@@ -160,12 +160,12 @@ scales: {smoke: {}, laptop: {}, paper: {}}
 
 @pytest.mark.parametrize("case", sorted(BAD_GRIDS))
 def test_bad_grid_is_refused_before_ray_starts(case, tmp_path, monkeypatch, capsys):
-    import ablate.runner
+    import ablate.service.runner
 
     def no_ray(*a, **k):
         raise AssertionError("Ray was started for an invalid grid")
 
-    monkeypatch.setattr(ablate.runner, "init_ray", no_ray)
+    monkeypatch.setattr(ablate.service.runner, "init_ray", no_ray)
     extra, expected = BAD_GRIDS[case]
     path = tmp_path / "bad.yaml"
     stop = "" if extra.startswith("stop:") else "stop: {max_steps: 5}\n"
@@ -191,7 +191,7 @@ def test_malformed_yaml_names_the_line(tmp_path):
 
 
 def test_corrupt_checkpoint_falls_back_to_the_previous_one(tmp_path, caplog):
-    from ablate.trainable import AblateTrainable
+    from ablate.service.trainable import AblateTrainable
 
     grid = load_grid("batch_vs_dim", "smoke")
     params = {"grid": "batch_vs_dim", **grid.base, "max_steps": 40, "batch_size": 32, "latent_dim": 3, "seed": 1}
@@ -203,13 +203,13 @@ def test_corrupt_checkpoint_falls_back_to_the_previous_one(tmp_path, caplog):
     damaged = tmp_path / "checkpoint_000001" / CHECKPOINT_FILE
     damaged.write_bytes(damaged.read_bytes()[:100])  # a torn write
     fresh = AblateTrainable(config=params)
-    with caplog.at_level("WARNING", logger="ablate.trainable"):
+    with caplog.at_level("WARNING", logger="ablate.service.trainable"):
         fresh.load_checkpoint(str(tmp_path / "checkpoint_000001"))
     assert fresh.experiment.step == 5, "fell back to the step-5 checkpoint"
     assert str(damaged) in caplog.text and "earlier checkpoint" in caplog.text
     (tmp_path / "checkpoint_000000" / CHECKPOINT_FILE).write_bytes(b"garbage")
     again = AblateTrainable(config=params)
-    with caplog.at_level("WARNING", logger="ablate.trainable"):
+    with caplog.at_level("WARNING", logger="ablate.service.trainable"):
         again.load_checkpoint(str(tmp_path / "checkpoint_000001"))
     assert again.experiment.step == 0 and "restarting from step 0" in caplog.text
     for x in (t, fresh, again):
@@ -243,7 +243,7 @@ def test_param_space_starts_the_costliest_trials_first():
 def test_an_optuna_grid_stores_its_study_in_sqlite_that_optuna_can_open(ray_session, tmp_path):
     import optuna
 
-    from ablate.runner import OPTUNA_DB, optuna_storage_url
+    from ablate.service.runner import OPTUNA_DB, optuna_storage_url
 
     grid = load_grid("tune_aninfonce", "smoke")
     outcome = run_grid(grid, storage=str(tmp_path), name="study", verbose=0)

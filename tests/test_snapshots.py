@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from ablate.grids import load_grid
-from ablate.runner import RunError, run_grid
-from ablate.snapshots import BACKUP_DIR, DISCARDED_DIR, choose_snapshot, file_problem, sessions
+from ablate.service.grids import load_grid
+from ablate.service.runner import RunError, run_grid
+from ablate.service.snapshots import BACKUP_DIR, DISCARDED_DIR, choose_snapshot, file_problem, sessions
 
 pytestmark = pytest.mark.slow
 
@@ -156,7 +156,7 @@ def test_optuna_run_with_a_torn_snapshot_resumes_from_the_backup(ray_session, tm
 
 @pytest.mark.parametrize("torn", [b'{"step": 1', b"x" * 200_000])  # a cut row, short or longer than a chunk
 def test_result_log_drops_a_torn_last_line_before_appending(tmp_path, torn):
-    from ablate.tune_callbacks import append_row
+    from ablate.service.callbacks import append_row
 
     path = tmp_path / "result.json"
     path.write_bytes(b'{"step": 0}\n' + torn)

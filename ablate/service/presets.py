@@ -1,6 +1,6 @@
 """Named presets: bundles of RunConfig settings that any run or grid can start from (``--preset NAME``).
 
-A preset lives in ``presets/<name>.yaml``::
+A preset lives in ``ablate/presets/<name>.yaml`` (model: :class:`ablate.service.specs.PresetFile`)::
 
     name: fast
     description: what it is for
@@ -20,13 +20,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ablate.config import ConfigError, RunConfig, read_yaml_mapping
+from ablate.service.specs import PresetFile, parse_spec, read_yaml
+from ablate.shipped import PRESETS, shipped_dir, shipped_files
 
 __all__ = ["PRESET_DIR", "Preset", "PresetError", "known_presets", "load_preset"]
 
-#: The presets shipped with ablate.
-PRESET_DIR = Path(__file__).resolve().parent.parent / "presets"
-_TOP_KEYS = ("name", "description", "settings", "measured")
+#: The presets shipped with ablate (package data).
+PRESET_DIR = shipped_dir(PRESETS)
 
 
 class PresetError(ValueError):
@@ -45,8 +45,8 @@ class Preset:
 
 
 def known_presets() -> dict[str, Path]:
-    """Preset name → YAML path for every preset shipped in presets/."""
-    return {p.stem: p for p in sorted(PRESET_DIR.glob("*.yaml"))}
+    """Preset name → YAML path for every preset shipped in ablate/presets/."""
+    return shipped_files(PRESETS)
 
 
 def load_preset(name_or_path: str) -> Preset:
@@ -58,17 +58,6 @@ def load_preset(name_or_path: str) -> Preset:
             raise PresetError(f"unknown preset {name_or_path!r}; known presets: {', '.join(presets) or 'none'} "
                               "(or give a path to a .yaml file)")
         path = presets[name_or_path]
-    data = read_yaml_mapping(path, PresetError, _TOP_KEYS)
-    settings = data.get("settings")
-    if not isinstance(settings, dict) or not settings:
-        raise PresetError(f"{path}: settings: required: a non-empty mapping of RunConfig fields")
-    for key in settings:
-        if key not in RunConfig.model_fields:
-            raise PresetError(f"{path}: settings.{key}: unknown setting; allowed: "
-                              f"{', '.join(sorted(RunConfig.model_fields))}")
-    try:
-        RunConfig.build(dict(settings), f"{path}: settings")
-    except ConfigError as exc:
-        raise PresetError(str(exc)) from None
-    return Preset(name=str(data.get("name") or path.stem), path=path, description=str(data.get("description", "")),
-                  settings=dict(settings), measured=str(data.get("measured", "")))
+    spec = parse_spec(PresetFile, read_yaml(path, PresetError), path, PresetError)
+    return Preset(name=spec.name or path.stem, path=path, description=spec.description,
+                  settings=dict(spec.settings), measured=spec.measured)

@@ -1,4 +1,8 @@
-"""`ablate dashboard`: start (or find) a local Ray head whose dashboard binds to 127.0.0.1, with token auth on.
+"""The Ray cluster: ``ray.init`` for runs (local or joined), token authentication, and `ablate dashboard`
+(start or find a local Ray head whose dashboard binds to 127.0.0.1, with token auth on).
+
+Not to be confused with ablate's *report* dashboards (``ablate/dashboards/*.yaml``, :mod:`ablate.reports.spec`):
+"dashboard" here is always Ray's web UI.
 
 Ray 2.60 turns token authentication on for local clusters: the dashboard asks for the token stored in
 ``~/.ray/auth_token`` (``ray get-auth-token`` prints it). ablate never turns it off. Binding to another
@@ -13,12 +17,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from ablate.runner import RunError
+from ablate import ray_compat
+from ablate.rundir import RunError
 
 __all__ = [
-    "DEFAULT_HOST", "DEFAULT_PORT", "DashboardHandle", "auth_lines", "check_host", "live_clusters", "serve",
-    "start_or_find",
+    "DEFAULT_HOST", "DEFAULT_PORT", "DashboardHandle", "auth_hint", "auth_lines", "check_host", "init_ray",
+    "live_clusters", "serve", "start_or_find",
 ]
 
 DEFAULT_HOST = "127.0.0.1"
@@ -99,10 +105,43 @@ class DashboardHandle:
 
 def live_clusters() -> set[str]:
     """GCS addresses of the Ray clusters running on this machine (found from their raylet processes)."""
-    from ray._private.services import find_gcs_addresses
+    return ray_compat.live_clusters()
 
-    find_gcs_addresses.cache_clear()
-    return set(find_gcs_addresses())
+
+def init_ray(address: str | None, *, num_cpus: int | None = None, dashboard: bool = True,
+             dashboard_host: str = DEFAULT_HOST) -> dict[str, Any]:
+    """Start (or join) Ray; the local dashboard binds to 127.0.0.1 and keeps token authentication."""
+    import ray
+
+    if ray.is_initialized():
+        return {"dashboard_url": ray_compat.dashboard_url(), "joined": True}
+    kwargs: dict[str, Any] = {"logging_level": "WARNING", "log_to_driver": True}
+    if address:
+        import ablate
+
+        _keep_token_auth(address)
+        # workers on the cluster get this package's code and data (they need torch and ray installed)
+        kwargs["runtime_env"] = {"py_modules": [str(Path(ablate.__file__).parent)]}
+        ray.init(address=address, **kwargs)
+    else:
+        # address="local": always a fresh embedded Ray, even if a stale cluster address is on disk
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=dashboard, dashboard_host=dashboard_host,
+                 **kwargs)
+    return {"dashboard_url": ray_compat.dashboard_url(), "joined": bool(address)}
+
+
+def _keep_token_auth(address: str) -> None:
+    """Ray turns token auth on by itself only for ``address=auto``; do the same for an explicit address."""
+    if address == "auto" or "RAY_AUTH_MODE" in os.environ or not TOKEN_FILE.is_file():
+        return
+    os.environ["RAY_AUTH_MODE"] = "token"
+    ray_compat.refresh_auth_config()
+
+
+def auth_hint() -> str:
+    """How to authenticate to the dashboard under Ray's token authentication."""
+    mode = os.environ.get("RAY_AUTH_MODE", "token (Ray's default for local clusters)")
+    return f"auth: {mode}; the dashboard asks for the token in {TOKEN_FILE} (print it with `ray get-auth-token`)"
 
 
 def start_or_find(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> DashboardHandle:
@@ -113,8 +152,6 @@ def start_or_find(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> Dashboa
     ``ray start`` left in ``/tmp/ray/ray_current_cluster`` and wait minutes for it.
     """
     import ray
-
-    from ablate.runner import _dashboard_url
 
     notes: list[str] = []
     explicit = os.environ.get("RAY_ADDRESS", "").strip()
@@ -133,7 +170,7 @@ def start_or_find(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> Dashboa
                        logging_level="WARNING", log_to_driver=False)
         address = ctx.address_info.get("gcs_address")
         started = True
-    url = _dashboard_url()
+    url = ray_compat.dashboard_url()
     if url and not started and f":{port}" not in url:
         notes.append(f"the running cluster's dashboard is on {url}, not port {port}")
     return DashboardHandle(url=url, started=started, address=address, notes=notes, shutdown=ray.shutdown)

@@ -1,4 +1,4 @@
-"""Grids: load and validate `search_spaces/*.yaml`, expand a scale into trials and a Ray param_space.
+"""Grids: load and validate `ablate/search_spaces/*.yaml` (models in ablate.service.specs), expand a scale into trials and a Ray param_space.
 
 A grid file holds::
 
@@ -34,7 +34,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ablate.config import ConfigError, RunConfig, read_yaml_mapping
+from pydantic import ValidationError
+
+from ablate.config import ConfigError, RunConfig
+from ablate.service.specs import SCALES, GridFile, parse_spec, read_yaml, spec_error
+from ablate.shipped import SEARCH_SPACES, shipped_dir, shipped_files
 
 __all__ = [
     "GRID_DIR",
@@ -45,21 +49,14 @@ __all__ = [
     "Trial",
     "expand",
     "known_grids",
+    "grid_from_text",
     "load_grid",
 ]
 
-#: The grids shipped with ablate.
-GRID_DIR = Path(__file__).resolve().parent.parent / "search_spaces"
-SCALES = ("smoke", "laptop", "paper")
+#: The grids shipped with ablate (package data).
+GRID_DIR = shipped_dir(SEARCH_SPACES)
 DEFAULT_SCALE = "laptop"
 
-_TOP_KEYS = {"name", "description", "figure", "base", "axes", "variants", "seeds", "stop", "search", "optuna",
-             "scales", "chosen", "paper_values"}
-_SCALE_KEYS = {"base", "axes", "variants", "seeds", "stop", "optuna", "description"}
-_STOP_KEYS = {"max_steps", "target_r2"}
-_OPTUNA_KEYS = {"space", "num_samples", "metric", "mode", "grace_period", "reduction_factor", "max_concurrent",
-                "time_budget_s"}
-_DISTRIBUTIONS = {"uniform", "loguniform", "choice", "randint"}
 #: Keys of a trial's param dict that are not RunConfig fields.
 META_KEYS = ("grid", "scale", "variant", "point")
 
@@ -119,6 +116,7 @@ class Grid:
     chosen: list[dict[str, Any]] = field(default_factory=list)
     paper_values: dict[str, Any] = field(default_factory=dict)
     preset: str | None = None  # the named preset applied on top of the base (see apply_settings)
+    text: str = ""  # the YAML text the grid was read from (stored in the run marker)
 
     def apply_settings(self, settings: dict[str, Any], source: str, *, axes_win: bool) -> list[str]:
         """Set RunConfig ``settings`` for every trial; return the keys left to the grid's axes.
@@ -244,8 +242,8 @@ def expand(grid: Grid) -> list[Trial]:
 
 
 def known_grids() -> dict[str, Path]:
-    """Grid name → YAML path for every grid shipped in search_spaces/."""
-    return {p.stem: p for p in sorted(GRID_DIR.glob("*.yaml"))}
+    """Grid name → YAML path for every grid shipped in ablate/search_spaces/."""
+    return shipped_files(SEARCH_SPACES)
 
 
 def resolve_grid_path(name_or_path: str) -> Path:
@@ -261,166 +259,53 @@ def resolve_grid_path(name_or_path: str) -> Path:
     return grids[name_or_path]
 
 
-def _err(path: Path, key: str, msg: str) -> GridError:
-    return GridError(f"{path}: {key}: {msg}")
-
-
-def _read_yaml(path: Path) -> dict[str, Any]:
-    return read_yaml_mapping(path, GridError, _TOP_KEYS)
-
-
-def _check_mapping(path: Path, key: str, value: Any) -> dict[str, Any]:
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise _err(path, key, f"expected a mapping, got {type(value).__name__} {value!r}")
-    return value
-
-
-def _check_fields(path: Path, key: str, mapping: dict[str, Any]) -> None:
-    for k in mapping:
-        if k not in RunConfig.model_fields:
-            raise _err(path, f"{key}.{k}", f"unknown setting; allowed: {', '.join(sorted(RunConfig.model_fields))}")
-
-
 def load_grid(name_or_path: str, scale: str = DEFAULT_SCALE) -> Grid:
     """Load, validate and resolve one grid at ``scale``. Raises :class:`GridError` on any bad value."""
     path = resolve_grid_path(name_or_path)
-    data = _read_yaml(path)
+    return grid_from_text(read_text(path), scale, path)
+
+
+def read_text(path: Path) -> str:
+    """A grid file's text; an unreadable file is a :class:`GridError`."""
+    try:
+        return path.read_text()
+    except OSError as exc:
+        raise GridError(f"{path}: cannot read: {exc.strerror}") from None
+
+
+def grid_from_text(text: str, scale: str, path: str | Path) -> Grid:
+    """Validate a grid's YAML ``text`` (named ``path`` in errors) and resolve it at ``scale``."""
+    path = Path(path)
+    data = read_yaml(path, GridError, text=text)
     if scale not in SCALES:
-        raise _err(path, "scales", f"unknown scale {scale!r}; allowed: {', '.join(SCALES)}")
-    name = data.get("name")
-    if not isinstance(name, str) or not name:
-        raise _err(path, "name", "required: a non-empty string")
-    scales = _check_mapping(path, "scales", data.get("scales"))
-    for s, body in scales.items():
-        if s not in SCALES:
-            raise _err(path, f"scales.{s}", f"unknown scale; allowed: {', '.join(SCALES)}")
-        for k in _check_mapping(path, f"scales.{s}", body):
-            if k not in _SCALE_KEYS:
-                raise _err(path, f"scales.{s}.{k}", f"unknown key; allowed: {', '.join(sorted(_SCALE_KEYS))}")
-    missing = [s for s in SCALES if s not in scales]
-    if missing:
-        raise _err(path, "scales", f"every grid needs the scales {', '.join(SCALES)}; missing {', '.join(missing)}")
-    over = scales.get(scale) or {}
-    pre = f"scales.{scale}."
-
-    base = dict(_check_mapping(path, "base", data.get("base")))
-    base.update(_check_mapping(path, pre + "base", over.get("base")))
-    _check_fields(path, "base", base)
-
-    axes = dict(_check_mapping(path, "axes", data.get("axes")))
-    axes.update(_check_mapping(path, pre + "axes", over.get("axes")))
-    _check_fields(path, "axes", axes)
-    for k, values in axes.items():
-        if not isinstance(values, list):
-            raise _err(path, f"axes.{k}", f"expected a list of values, got {values!r}")
-        if not values:
-            raise _err(path, f"axes.{k}", "empty axis: give at least one value")
-
-    variants = over.get("variants", data.get("variants")) or []
-    if not isinstance(variants, list):
-        raise _err(path, "variants", "expected a list of mappings with a 'name'")
-    names = set()
-    for i, v in enumerate(variants):
-        if not isinstance(v, dict) or not isinstance(v.get("name"), str):
-            raise _err(path, f"variants[{i}]", f"expected a mapping with a string 'name', got {v!r}")
-        if v["name"] in names:
-            raise _err(path, f"variants[{i}].name", f"duplicate variant name {v['name']!r}")
-        names.add(v["name"])
-        _check_fields(path, f"variants[{i}]", {k: x for k, x in v.items() if k != "name"})
-
-    seeds = over.get("seeds", data.get("seeds", [0]))
-    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
-        raise _err(path, "seeds", f"expected a non-empty list of integers, got {seeds!r}")
-
-    stop = dict(_check_mapping(path, "stop", data.get("stop")))
-    stop.update(_check_mapping(path, pre + "stop", over.get("stop")))
-    for k in stop:
-        if k not in _STOP_KEYS:
-            raise _err(path, f"stop.{k}", f"unknown key; allowed: {', '.join(sorted(_STOP_KEYS))}")
-    if "max_steps" not in stop:
-        raise _err(path, "stop.max_steps", "required: the number of training steps per trial")
-    ms = stop["max_steps"]
-    if not isinstance(ms, int) or isinstance(ms, bool) or ms < 1:
-        raise _err(path, "stop.max_steps", f"must be an integer >= 1, got {ms!r}")
-
-    search = data.get("search", "grid")
-    if search not in ("grid", "optuna"):
-        raise _err(path, "search", f"unknown search {search!r}; allowed: grid, optuna")
-    optuna = dict(_check_mapping(path, "optuna", data.get("optuna")))
-    optuna.update(_check_mapping(path, pre + "optuna", over.get("optuna")))
-    if search == "optuna":
-        optuna = _validate_optuna(path, optuna)
-    elif optuna:
-        raise _err(path, "optuna", "only used with search: optuna")
-
+        raise GridError(f"{path}: scales: unknown scale {scale!r}; allowed: {', '.join(SCALES)}")
+    spec = parse_spec(GridFile, data, path, GridError)
+    try:
+        at = spec.at_scale(scale)
+    except ValidationError as exc:
+        raise spec_error(exc, path, GridError) from None
     grid = Grid(
-        name=name,
+        name=spec.name,
         path=path,
         scale=scale,
-        description=str(over.get("description", data.get("description", ""))),
-        figure=str(data.get("figure", "")),
-        base=base,
-        axes=axes,
-        variants=variants,
-        seeds=seeds,
-        stop=stop,
-        search=search,
-        optuna=optuna,
-        chosen=list(data.get("chosen") or []),
-        paper_values=dict(data.get("paper_values") or {}),
+        description=str(at.description),
+        figure=str(spec.figure),
+        base=at.base,
+        axes=at.axes,
+        variants=at.variants,
+        seeds=at.seeds,
+        stop=at.stop,
+        search=at.search,
+        optuna=at.optuna,
+        chosen=list(spec.chosen or []),
+        paper_values=dict(spec.paper_values or {}),
+        text=text,
     )
     try:
         expand(grid)  # validates every trial's RunConfig
     except ConfigError as exc:
         raise GridError(str(exc)) from None
     return grid
-
-
-def _validate_optuna(path: Path, optuna: dict[str, Any]) -> dict[str, Any]:
-    for k in optuna:
-        if k not in _OPTUNA_KEYS:
-            raise _err(path, f"optuna.{k}", f"unknown key; allowed: {', '.join(sorted(_OPTUNA_KEYS))}")
-    space = _check_mapping(path, "optuna.space", optuna.get("space"))
-    if not space:
-        raise _err(path, "optuna.space", "required: at least one setting to search")
-    _check_fields(path, "optuna.space", space)
-    for key, dist in space.items():
-        where = f"optuna.space.{key}"
-        if not isinstance(dist, dict) or len(dist) != 1 or next(iter(dist)) not in _DISTRIBUTIONS:
-            raise _err(path, where, f"expected one of {{{', '.join(sorted(_DISTRIBUTIONS))}: ...}}, got {dist!r}")
-        (kind, args), = dist.items()
-        if kind == "choice":
-            if not isinstance(args, list) or not args:
-                raise _err(path, where, f"choice needs a non-empty list, got {args!r}")
-        else:
-            if not (isinstance(args, list) and len(args) == 2 and all(isinstance(a, int | float) for a in args)):
-                raise _err(path, where, f"{kind} needs [low, high], got {args!r}")
-            lo, hi = args
-            if not lo < hi:
-                raise _err(path, where, f"{kind}({lo}, {hi}) is an empty or reversed range: need low < high")
-            if kind == "loguniform" and lo <= 0:
-                raise _err(path, where, f"loguniform needs low > 0, got {lo}")
-    n = optuna.get("num_samples", 8)
-    if not isinstance(n, int) or n < 1:
-        raise _err(path, "optuna.num_samples", f"must be an integer >= 1, got {n!r}")
-    mode = optuna.get("mode", "max")
-    if mode not in ("max", "min"):
-        raise _err(path, "optuna.mode", f"must be max or min, got {mode!r}")
-    out = {"space": space, "num_samples": n, "metric": optuna.get("metric", "r2"), "mode": mode,
-           "grace_period": int(optuna.get("grace_period", 2)), "reduction_factor": int(optuna.get("reduction_factor", 2))}
-    if "max_concurrent" in optuna:
-        out["max_concurrent"] = int(optuna["max_concurrent"])
-    if "time_budget_s" in optuna:
-        budget = optuna["time_budget_s"]
-        if not isinstance(budget, int | float) or budget <= 0:
-            raise _err(path, "optuna.time_budget_s", f"must be a number of seconds > 0, got {budget!r}")
-        if not 0 < out["grace_period"] < budget:
-            raise _err(path, "optuna.grace_period", f"with time_budget_s it is in seconds and must lie in "
-                       f"(0, {budget}), got {out['grace_period']}")
-        out["time_budget_s"] = float(budget)
-    return out
 
 
 def n_reports(config: RunConfig) -> int:

@@ -25,11 +25,13 @@ from __future__ import annotations
 import json
 import os
 import pickletools
-import re
 import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from ablate.ray_compat import EXPERIMENT_STATE_RE, SEARCHER_FILES, SNAPSHOT_FILES
+from ablate.rundir import atomic_write
 
 __all__ = ["BACKUP_DIR", "DISCARDED_DIR", "SnapshotChoice", "SnapshotError", "choose_snapshot", "file_problem",
            "has_snapshot", "save_backup", "sessions"]
@@ -37,16 +39,10 @@ __all__ = ["BACKUP_DIR", "DISCARDED_DIR", "SnapshotChoice", "SnapshotError", "ch
 DISCARDED_DIR = ".ablate_discarded"
 BACKUP_DIR = ".ablate_snapshot"
 _KEEP_BACKUPS = 2
-_EXPERIMENT = re.compile(r"^experiment_state-(?P<session>.+)\.json$")
-# per-session files: name template -> how the file is encoded
-_SESSION_FILES = {
-    "experiment_state-{}.json": "json",
-    "basic-variant-state-{}.json": "pickle",
-    "search_gen_state-{}.json": "pickle",
-    "searcher-state-{}.pkl": "pickle",
-    "callback-states-{}.pkl": "pickle",
-}
-_SEARCHER_FILES = ("basic-variant-state-{}.json", "search_gen_state-{}.json")
+_EXPERIMENT = EXPERIMENT_STATE_RE
+# per-session files (Ray's names, see ablate.ray_compat): name template -> how the file is encoded
+_SESSION_FILES = SNAPSHOT_FILES
+_SEARCHER_FILES = SEARCHER_FILES
 
 
 class SnapshotError(RuntimeError):
@@ -182,9 +178,7 @@ def _put_back(backup: Path, run_dir: Path, session: str) -> None:
     for template in _SESSION_FILES:
         source = backup / template.format(session)
         if source.exists():
-            tmp = run_dir / f".{source.name}.tmp-{os.getpid()}"
-            shutil.copy2(source, tmp)
-            os.replace(tmp, run_dir / source.name)
+            atomic_write(run_dir / source.name, lambda tmp, src=source: shutil.copy2(src, tmp))
 
 
 def _set_aside(run_dir: Path, session: str, why: str) -> dict[str, str]:

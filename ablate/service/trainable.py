@@ -1,4 +1,4 @@
-"""The Ray Tune Trainable: a thin adapter from Ray's class API to :class:`ablate.experiment.Experiment`.
+"""The Ray Tune Trainable: a thin adapter from Ray's class API to :class:`ablate.core.experiment.Experiment`.
 
 One Ray iteration = one report period (``report_every`` steps, fewer at the end). Checkpoints hold the
 experiment's state as a torch file (loadable with ``weights_only=True``) plus the config as JSON, both
@@ -16,12 +16,13 @@ from typing import Any
 import torch
 from ray import tune
 
-from ablate.experiment import Experiment
-from ablate.grids import config_from_params
+from ablate.core.experiment import Experiment
+from ablate.rundir import atomic_write
+from ablate.service.grids import config_from_params
 
 __all__ = ["AblateTrainable", "CHECKPOINT_FILE", "InjectedFault", "load_state", "write_checkpoint"]
 
-_log = logging.getLogger("ablate.trainable")
+_log = logging.getLogger("ablate.service.trainable")
 
 CHECKPOINT_FILE = "state.pt"
 CONFIG_FILE = "config.json"
@@ -32,17 +33,11 @@ class InjectedFault(RuntimeError):
     """Raised by the test-only ``fault`` setting."""
 
 
-def _atomic_write(path: Path, write) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    write(tmp)
-    os.replace(tmp, path)
-
-
 def write_checkpoint(directory: str | os.PathLike, state: dict[str, Any], config: dict[str, Any]) -> None:
     """Write ``state`` (torch) and ``config`` (JSON) into ``directory``, each atomically."""
     d = Path(directory)
-    _atomic_write(d / CHECKPOINT_FILE, lambda p: torch.save(state, p))
-    _atomic_write(d / CONFIG_FILE, lambda p: p.write_text(json.dumps(config, indent=1, default=str)))
+    atomic_write(d / CHECKPOINT_FILE, lambda p: torch.save(state, p))
+    atomic_write(d / CONFIG_FILE, lambda p: p.write_text(json.dumps(config, indent=1, default=str)))
 
 
 def load_state(directory: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict[str, Any]:

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from ablate.pair_loss import pair_cross_entropy, pair_targets
+from ablate.core.losses.pair import pair_cross_entropy, pair_targets
 
 __all__ = [
     "AnInfoNCE",
@@ -68,7 +68,7 @@ def infonce_logits(h: Tensor, tau: float) -> Tensor:
 
 
 def _fused(*tensors: Tensor) -> bool:
-    """Use the row-blocked loss with its fused gradient (ablate.pair_loss) when a gradient is wanted;
+    """Use the row-blocked loss with its fused gradient (ablate.core.losses.pair) when a gradient is wanted;
     without one (evaluation) the plain forward pass is cheaper."""
     return torch.is_grad_enabled() and any(t.requires_grad for t in tensors) and tensors[0].shape[0] >= 4
 

@@ -8,16 +8,14 @@ import os
 from pathlib import Path
 
 from ray.tune import Callback
-from ray.tune.utils.util import SafeFallbackEncoder
 
-from ablate.snapshots import save_backup
+from ablate import ray_compat
+from ablate.rundir import PARAMS_FILE, RESULT_FILE, atomic_write
+from ablate.service.snapshots import save_backup
 
-__all__ = ["RESULT_FILE", "PARAMS_FILE", "ResultLog", "SnapshotKeeper", "append_row"]
+__all__ = ["ResultLog", "SnapshotKeeper", "append_row"]
 
-RESULT_FILE = "result.json"
-PARAMS_FILE = "params.json"
-
-_log = logging.getLogger("ablate.runner")
+_log = logging.getLogger("ablate.service.runner")
 
 
 class SnapshotKeeper(Callback):
@@ -44,11 +42,11 @@ class SnapshotKeeper(Callback):
         if not trials or not self._dirty:
             return
         self._dirty = False
-        storage = trials[0].storage
-        if storage.storage_filesystem.type_name != "local":
+        paths = ray_compat.snapshot_paths(trials)
+        if paths is None:  # remote storage: Ray's own sync
             return
         try:
-            save_backup(storage.experiment_driver_staging_path, storage.experiment_fs_path)
+            save_backup(*paths)
         except OSError as exc:  # a full disk must not stop the run: Ray's own snapshot still exists
             _log.warning("could not back up the experiment snapshot: %s", exc)
 
@@ -80,7 +78,7 @@ def append_row(path: Path, row: dict) -> None:
     if path.exists():
         _cut_torn_line(path)
     with path.open("a") as f:
-        f.write(json.dumps(row, cls=SafeFallbackEncoder) + "\n")
+        f.write(json.dumps(row, cls=ray_compat.json_encoder()) + "\n")
         f.flush()
 
 
@@ -95,11 +93,10 @@ class ResultLog(Callback):
     """
 
     def on_trial_start(self, iteration, trials, trial, **info):
-        folder = Path(trial.storage.trial_fs_path)
+        folder = Path(ray_compat.trial_folder(trial))
         folder.mkdir(parents=True, exist_ok=True)
-        tmp = folder / f".{PARAMS_FILE}.tmp-{os.getpid()}"
-        tmp.write_text(json.dumps(trial.config, indent=2, sort_keys=True, cls=SafeFallbackEncoder))
-        os.replace(tmp, folder / PARAMS_FILE)
+        text = json.dumps(trial.config, indent=2, sort_keys=True, cls=ray_compat.json_encoder())
+        atomic_write(folder / PARAMS_FILE, lambda p: p.write_text(text))
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
-        append_row(Path(trial.storage.trial_fs_path) / RESULT_FILE, result)
+        append_row(Path(ray_compat.trial_folder(trial)) / RESULT_FILE, result)

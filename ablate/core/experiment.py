@@ -14,11 +14,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ablate import dgp, metrics
 from ablate.config import RunConfig, resolve_concentration
-from ablate.encoder import Encoder, init_encoder_
-from ablate.generator import build_generator
-from ablate.losses import AnInfoNCE, EnsembleAnInfoNCE, HardNegativeAnInfoNCE, InfoNCE, TriCL
+from ablate.core import dgp, metrics
+from ablate.core.encoder import Encoder, init_encoder_
+from ablate.core.generator import build_generator
+from ablate.core.losses import AnInfoNCE, EnsembleAnInfoNCE, HardNegativeAnInfoNCE, InfoNCE, TriCL
 
 __all__ = ["Experiment", "NonFiniteLossError", "build_loss", "generator_stats", "resolve_device"]
 

@@ -1,14 +1,14 @@
 """Claims evaluator: does a run reproduce the paper's claim for its grid, within a stated tolerance?
 
 One function per claim of docs/reproduction.md. Each takes the tidy results table of a run
-(:func:`ablate.results.load_results`) and the run's :class:`ablate.panels.RunContext` (the trials' resolved
+(:func:`ablate.analysis.results.load_results`) and the run's :class:`ablate.reports.panels.RunContext` (the trials' resolved
 configs), and returns a :class:`ClaimResult`: the paper's figure and value, ablate's value (mean ± sd over
 seeds where there are seeds), one :class:`Check` per criterion, and PASS / FAIL / NOT MEASURED.
 
 A criterion the data cannot decide (a metric missing, a target never reached by any setting) is
 "not measured" (``passed is None``), never a pass. The claim functions are pure pandas; files are read
-only by :func:`evaluate_run` and :func:`run_wall_s`, through :func:`ablate.report.load_run` and
-:class:`ablate.results.RunReader`.
+only by :func:`evaluate_run` and :func:`run_wall_s`, through :func:`ablate.reports.report.load_run` and
+:class:`ablate.analysis.results.RunReader`.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ import numpy as np
 import pandas as pd
 from scipy.stats import spearmanr
 
-from ablate.metrics import iterations_to_target
-from ablate.panels import PanelSpec, RunContext, final_rows, panel_data
+from ablate.core.metrics import iterations_to_target
+from ablate.reports.panels import PanelSpec, RunContext, final_rows, panel_data
 
 __all__ = [
     "CLAIMS",
@@ -527,7 +527,7 @@ def evaluate_frame(df: pd.DataFrame, ctx: RunContext) -> list[ClaimResult]:
 
 def run_wall_s(run_dir: str | Path) -> float | None:
     """Seconds from the run's creation (its marker) to the last report of any trial, or None if unknown."""
-    from ablate.results import RunReader
+    from ablate.rundir import RunReader
 
     reader = RunReader(run_dir)
     try:
@@ -541,8 +541,8 @@ def run_wall_s(run_dir: str | Path) -> float | None:
 
 def evaluate_run(run_dir: str | Path) -> list[ClaimResult]:
     """Read a run directory and evaluate the claims of its grid (an empty list if its grid decides none)."""
-    from ablate.report import load_run
-    from ablate.results import RunReader
+    from ablate.reports.report import load_run
+    from ablate.rundir import RunReader
 
     run = load_run(run_dir)
     results = evaluate_frame(run.df, run.ctx)

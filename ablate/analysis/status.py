@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ablate.grids import axis_text
-from ablate.results import RunReader
+from ablate.rundir import RunReader
+from ablate.service.grids import axis_text
 
 __all__ = ["run_status"]
 

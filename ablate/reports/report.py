@@ -6,16 +6,16 @@
     title: Batch size × latent dimension
     description: optional text shown under the title
     panels:
-      - kind: final_heatmap            # one of ablate.panels.PANELS
+      - kind: final_heatmap            # one of ablate.reports.panels.PANELS
         figure: Rusak et al. 2024, Fig. 4A   # the paper figure the panel corresponds to (required)
         title: optional heading
         note: optional text under the heading
         where: {batch_size: max}       # optional filter: axis → value, list of values, min or max
-        x: batch_size                  # the kind's own options (see ablate.panels)
+        x: batch_size                  # the kind's own options (see ablate.reports.panels)
         y: latent_dim
 
 A spec is validated like a grid: an unknown kind, key or axis is an error naming the file and the key.
-The report reads the run through :func:`ablate.results.load_results` (JSON only) and never reaches back
+The report reads the run through :func:`ablate.analysis.results.load_results` (JSON only) and never reaches back
 into training. Each panel is computed as a DataFrame first (:func:`build_panels`), then drawn.
 """
 
@@ -24,7 +24,6 @@ from __future__ import annotations
 import html
 import json
 import os
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,11 +32,13 @@ from typing import Any
 
 import pandas as pd
 
+from ablate.analysis.results import axis_value as _axis_value
+from ablate.analysis.results import load_results
 from ablate.config import ConfigError, RunConfig, read_yaml_mapping
-from ablate.grids import Grid, GridError, config_from_params, load_grid
-from ablate.panels import PANELS, PanelSpec, RunContext, final_rows, panel_data, panel_figure
-from ablate.results import RunReader, _axis_value, load_results
-from ablate.runner import RunError
+from ablate.reports.panels import PANELS, PanelSpec, RunContext, final_rows, panel_data, panel_figure
+from ablate.rundir import RunError, RunReader
+from ablate.service.grids import Grid, GridError, config_from_params, grid_from_text, load_grid
+from ablate.shipped import DASHBOARDS, shipped_dir, shipped_files
 
 __all__ = [
     "DASHBOARD_DIR",
@@ -57,7 +58,7 @@ __all__ = [
 ]
 
 #: The dashboard specs shipped with ablate, one per grid.
-DASHBOARD_DIR = Path(__file__).resolve().parent.parent / "dashboards"
+DASHBOARD_DIR = shipped_dir(DASHBOARDS)
 _TOP_KEYS = {"grid", "title", "description", "panels"}
 _PANEL_KEYS = {"kind", "figure", "title", "note", "where"}
 _FINISHED = {"TERMINATED", "ERROR"}
@@ -81,7 +82,7 @@ class Dashboard:
 
 def known_dashboards() -> dict[str, Path]:
     """Grid name → dashboard spec for every spec shipped in dashboards/."""
-    return {p.stem: p for p in sorted(DASHBOARD_DIR.glob("*.yaml"))}
+    return shipped_files(DASHBOARDS)
 
 
 def _type_ok(value: Any, types: tuple[type, ...]) -> bool:
@@ -216,12 +217,7 @@ def _grid_from_marker(marker: dict[str, Any]) -> Grid | None:
     text = marker.get("grid_yaml")
     try:
         if text:
-            with tempfile.TemporaryDirectory() as tmp:
-                path = Path(tmp) / f"{name}.yaml"
-                path.write_text(text)
-                grid = load_grid(str(path), scale)
-            grid.path = Path(marker.get("grid_file") or grid.path)
-            return grid
+            return grid_from_text(text, scale, marker.get("grid_file") or f"{name}.yaml")
         if marker.get("grid_file") and Path(marker["grid_file"]).is_file():
             return load_grid(marker["grid_file"], scale)
     except (GridError, ConfigError):
@@ -250,7 +246,7 @@ def load_run(run_dir: str | Path) -> Run:
             continue
     axes = list(df.attrs.get("axes") or [])
     # An axis is the trial's setting: a reported metric of the same name (e.g. the scheduled `lr`) must not
-    # replace it (ablate.results lets the reported value win).
+    # replace it (ablate.analysis.results lets the reported value win).
     for axis in axes:
         if axis in df.columns and params:
             setting = df["trial_id"].map(lambda t, a=axis: _axis_value(params[t].get(a)) if t in params else None)

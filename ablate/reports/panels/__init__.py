@@ -2,7 +2,7 @@
 
 A panel kind is a pair of functions registered in :data:`PANELS`:
 
-- ``data(df, spec, ctx) -> DataFrame``: pure pandas on the table of :func:`ablate.results.load_results`
+- ``data(df, spec, ctx) -> DataFrame``: pure pandas on the table of :func:`ablate.analysis.results.load_results`
   (one row per trial per report) plus the trials' resolved configs in ``ctx``. Tests assert on this.
 - ``draw(data, spec, ctx) -> go.Figure``: a Plotly figure of exactly that frame, nothing recomputed.
 
@@ -26,7 +26,7 @@ from plotly.colors import hex_to_rgb, qualitative, sample_colorscale, unlabel_rg
 from plotly.subplots import make_subplots
 
 from ablate.config import RunConfig
-from ablate.metrics import iterations_to_target
+from ablate.core.metrics import iterations_to_target
 
 __all__ = [
     "PANELS",

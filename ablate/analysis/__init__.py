@@ -1,0 +1,1 @@
+"""Reading runs: the tidy results table, run status, statistics over seeds and the papers' claims."""

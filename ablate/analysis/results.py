@@ -1,0 +1,84 @@
+"""Reads a run directory (finished, running or interrupted; local or remote) into one tidy DataFrame.
+
+One row per trial per report. Only JSON is read (the run marker, Ray's experiment state, each trial's
+params.json and result.json): nothing is unpickled, and a directory ablate did not write is refused.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from ablate.rundir import TRIAL_PREFIX, RunError, RunReader
+from ablate.service.grids import axis_text
+
+__all__ = ["LEAD_COLUMNS", "axis_value", "export_results", "load_results"]
+
+#: Columns that lead the table, in this order (when present).
+LEAD_COLUMNS = ["trial_id", "status", "seed", "training_iteration", "step", "samples_seen", "time_total_s", "r2"]
+#: Ray bookkeeping left out of the table.
+_DROP = {"config", "date", "timestamp", "pid", "hostname", "node_ip", "done", "time_this_iter_s",
+         "time_since_restore", "iterations_since_restore", "checkpoint_dir_name", "should_checkpoint"}
+
+
+def axis_value(v: Any) -> Any:
+    """An axis value as the table holds it: text for a Λ pattern, a list or a variant, else the value."""
+    return axis_text(v) if isinstance(v, dict | list) else v
+
+
+def load_results(run_dir: str | Path) -> pd.DataFrame:
+    """One row per trial per report, with the grid axes as columns under their YAML names.
+
+    Columns: trial_id, status, every grid axis, seed, training_iteration, step, samples_seen,
+    time_total_s, r2, r2_lambda_<Λ>, r2_dim_<i>, mcc, loss, loss_floor, lambda_hat_<i>, and the other
+    reported metrics. ``df.attrs`` holds the run marker (grid, scale, axes).
+    """
+    reader = RunReader(run_dir)
+    info = reader.marker()
+    axes = [a for a in info.get("axes", []) if a != "seed"]
+    statuses = reader.statuses()
+    records: list[dict[str, Any]] = []
+    for name in reader.trial_dirs():
+        params = reader.params(name) or {}
+        trial_id = name.removeprefix(TRIAL_PREFIX)
+        rows = reader.results(name)
+        unique = {row.get("training_iteration", 0): row for row in rows}  # a replayed report supersedes
+        for it in sorted(unique):
+            row = unique[it]
+            rec: dict[str, Any] = {"trial_id": trial_id, "status": statuses.get(trial_id, "UNKNOWN")}
+            for k, v in row.items():
+                if k in _DROP or k == "trial_id":
+                    continue
+                rec[k] = v
+            for axis in axes:  # the trial's settings win over a metric of the same name
+                rec[axis] = axis_value(params.get(axis))
+            rec["seed"] = params.get("seed")
+            records.append(rec)
+    df = pd.DataFrame.from_records(records)
+    if not df.empty:
+        lead = [c for c in ["trial_id", "status", *axes, *LEAD_COLUMNS[2:]] if c in df.columns]
+        df = df[lead + [c for c in df.columns if c not in lead]]
+        df = df.sort_values(["trial_id", "training_iteration"], kind="stable").reset_index(drop=True)
+    df.attrs.update({"grid": info.get("grid"), "scale": info.get("scale"), "axes": axes,
+                     "run_dir": str(run_dir), "marker": info})
+    return df
+
+
+def export_results(run_dir: str | Path, out: str | Path) -> Path:
+    """Write the results table to ``out`` (.csv or .parquet); list-valued cells become JSON text in CSV."""
+    out = Path(out)
+    df = load_results(run_dir)
+    if out.suffix == ".parquet":
+        df.to_parquet(out, index=False)
+    elif out.suffix == ".csv":
+        flat = df.copy()
+        for col in flat.columns:
+            if flat[col].map(lambda v: isinstance(v, list | dict)).any():
+                flat[col] = flat[col].map(lambda v: json.dumps(v) if isinstance(v, list | dict) else v)
+        flat.to_csv(out, index=False)
+    else:
+        raise RunError(f"--out {out}: unknown format {out.suffix!r}; allowed: .csv, .parquet")
+    return out
