@@ -1,10 +1,16 @@
-"""`python -m benchmarks [--quick] [--only step,sampler,memory,ray,profile,time_to_r2]`: print ablate's performance tables.
+"""`python -m benchmarks [--quick] [--only step,sampler,memory,ray,profile,time_to_r2,reference_curve,generator]`.
+
+Prints ablate's performance tables.
 
 - step: ms per training step, achieved GFLOP/s (matmul FLOPs of forward + backward through the encoder on
   both views, plus the logits) and the ratio to this machine's fp32 matmul rate measured in the same run.
 - sampler: conditional samples per second and the rejection rate at Λ = 5, 25, 75 and d = 10, 20.
 - memory: peak resident memory of a process training one trial at batch 1000 and 8192.
 - ray: a grid's wall time against the sum of its trials' compute time divided by the concurrency.
+- opt-in: profile (torch.profiler of the reference step); time_to_r2 (seconds to R² 0.9/0.95/0.99 on the
+  bimodal setting with --preset, per --seeds); reference_curve (the RunConfig defaults for --steps steps, R²,
+  loss and Λ̂ every 1000 steps, per --seeds); generator (seconds to build the papers' g per d).
+The GPU check is `python -m benchmarks.gpu_check OUT_DIR` (benchmarks/gpu_check.py).
 """
 
 from __future__ import annotations
@@ -94,8 +100,8 @@ def bench_memory(batch: int) -> dict:
 def bench_ray(grid_name: str, scale: str) -> dict:
     import tempfile
 
-    from ablate.service.grids import load_grid
     from ablate.analysis.results import load_results
+    from ablate.service.grids import load_grid
     from ablate.service.runner import run_grid
 
     grid = load_grid(grid_name, scale)
@@ -169,6 +175,44 @@ def bench_time_to_r2(preset: str, budget_s: float, seed: int = 0, targets=(0.9, 
     return row
 
 
+def bench_reference_curve(seed: int, steps: int = 10_000, every: int = 1000, shared_g: bool = False) -> list[dict]:
+    """The reference setting (RunConfig defaults: d = 10, Λ = 5/25, batch 1000, lr 1e-4, lr_lambda 1e-3, the
+    10-50-50-50-50-10 encoder, the papers' g) trained ``steps`` steps: R², loss and sorted Λ̂ every ``every``.
+    A new g per seed (as the reference code draws one per run) unless ``shared_g``."""
+    from ablate.config import RunConfig
+    from ablate.core.experiment import Experiment
+
+    exp = Experiment(RunConfig(seed=seed, generator_seed=0 if shared_g else seed))
+    rows, started = [], time.perf_counter()
+    while exp.step < steps:
+        m = exp.train(min(every, steps - exp.step))
+        ev = exp.evaluate()
+        lam = sorted(exp.lambda_hat().tolist())
+        rows.append({"seed": seed, "step": exp.step, "seconds": time.perf_counter() - started, "loss": m["loss"],
+                     "r2": ev["r2"], "r2_lambda_5": ev["r2_lambda_5"], "r2_lambda_25": ev["r2_lambda_25"],
+                     "lambda_hat_low": sum(lam[:5]) / 5, "lambda_hat_high": sum(lam[5:]) / 5,
+                     "lambda_hat": " ".join(f"{v:.2f}" for v in lam)})
+        print(f"  seed {seed} step {exp.step}: r2 {ev['r2']:.4f} loss {m['loss']:.4f} Λ̂ [{rows[-1]['lambda_hat']}]",
+              flush=True)
+    return rows
+
+
+def bench_generator_build(dims=(2, 5, 10, 20, 40, 60), seeds=(0, 1, 2)) -> list[dict]:
+    """Seconds to build the papers' g (threshold = minimum of 25 000 draws, 3 layers) per d, uncached."""
+    from ablate.core import generator
+
+    rows = []
+    for d in dims:
+        for seed in seeds:
+            generator._generator_weights.cache_clear()
+            t = time.perf_counter()
+            g = generator.build_generator(d, seed=seed)
+            rows.append({"d": d, "seed": seed, "build_s": time.perf_counter() - t, "threshold": g.info.threshold,
+                         "max_layer_cond": max(g.info.layer_conditions), "draws": g.info.draws,
+                         "pools": g.info.pools})
+    return rows
+
+
 def _print(title: str, rows: list[dict]) -> None:
     print(f"\n## {title}")
     if not rows:
@@ -193,6 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--preset", default="fast", help="time_to_r2: the preset to train with ('reference' = defaults)")
     p.add_argument("--budget", type=float, default=600.0, help="time_to_r2: seconds before giving up")
     p.add_argument("--curve", help="time_to_r2: also write seconds,step,r2 per report to this CSV file")
+    p.add_argument("--seeds", default="0", help="time_to_r2 and reference_curve: comma-separated seeds")
+    p.add_argument("--steps", type=int, default=10_000, help="reference_curve: training steps")
     args = p.parse_args(argv)
     parts = set(args.only.split(","))
     print(f"# ablate benchmarks: torch {torch.__version__}, {torch.get_num_threads()} threads, "
@@ -217,9 +263,16 @@ def main(argv: list[str] | None = None) -> int:
         _print("Ray overhead", [bench_ray(args.ray_grid, args.ray_scale)])
     if "profile" in parts:  # opt-in
         _print("profile of the reference step (B = 1000, d = 10)", bench_profile())
-    if "time_to_r2" in parts:  # opt-in: it runs up to --budget seconds
+    seeds = [int(s) for s in args.seeds.split(",")]
+    if "generator" in parts:  # opt-in: builds g from scratch for d up to 60
+        _print("building the papers' g (25 000-draw pool, its minimum as threshold, 3 layers)", bench_generator_build())
+    if "time_to_r2" in parts:  # opt-in: it runs up to --budget seconds per seed
         _print(f"time to R² on the bimodal setting (Λ = 5/25, d = 10), preset {args.preset}",
-               [bench_time_to_r2(args.preset, args.budget, curve=args.curve)])
+               [bench_time_to_r2(args.preset, args.budget, seed=s, curve=args.curve) for s in seeds])
+    if "reference_curve" in parts:  # opt-in: 10k reference steps per seed (~20 min each on 2 cores)
+        rows = [r for s in seeds for r in bench_reference_curve(s, args.steps)]
+        _print("reference curve: RunConfig defaults (the reference code's settings) on the papers' g, a g per seed",
+               [{k: v for k, v in r.items() if k != "lambda_hat"} for r in rows])
     return 0
 
 
