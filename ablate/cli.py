@@ -201,9 +201,10 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     from ablate.analysis.results import export_results
+    from ablate.rundir import is_remote
 
-    remote = "://" in args.run_dir
-    out = args.out or (args.run_dir.rstrip("/") + "/results.csv" if remote else str(Path(args.run_dir) / "results.csv"))
+    run_dir = args.run_dir
+    out = args.out or (run_dir.rstrip("/") + "/results.csv" if is_remote(run_dir) else str(Path(run_dir) / "results.csv"))
     print(f"wrote {export_results(args.run_dir, out)}")
     return 0
 
@@ -222,7 +223,7 @@ def cmd_claims(args: argparse.Namespace) -> int:
 
 
 def cmd_dashboard(args: argparse.Namespace) -> int:
-    from ablate.service.cluster import serve
+    from ablate.service.cluster import serve  # Ray's web dashboard (not the report specs in ablate/dashboards/)
 
     return serve(args.host, args.port, out=lambda m: print(m, flush=True))
 
@@ -236,7 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train", help="train one experiment without Ray, one line per report")
     t.add_argument("--set", nargs="*", metavar="KEY=VALUE", help="RunConfig fields, e.g. latent_dim=10")
     t.add_argument("--steps", type=int, help="steps to train (default: max_steps)")
-    t.add_argument("--preset", help="start from a named preset (presets/*.yaml), e.g. fast; --set wins over it")
+    t.add_argument("--preset", help="start from a named preset (ablate/presets/*.yaml), e.g. fast; --set wins over it")
     t.set_defaults(func=cmd_train)
 
     sub.add_parser("list", help="every grid with its figure and trial counts").set_defaults(func=cmd_list)
@@ -254,7 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--storage", default="runs", help="folder or URI (s3://, gs://) holding runs (default: ./runs)")
     r.add_argument("--name", help="run name (default: <grid>-<scale>, or <grid>-<scale>-<preset>)")
     r.add_argument("--set", nargs="*", metavar="KEY=VALUE", help="override a setting for every trial")
-    r.add_argument("--preset", help="train every trial with a named preset (presets/*.yaml), e.g. fast; the "
+    r.add_argument("--preset", help="train every trial with a named preset (ablate/presets/*.yaml), e.g. fast; the "
                                     "grid's axes and --set win over it")
     r.add_argument("--address", help="join an existing Ray cluster: auto or ray://host:10001")
     r.add_argument("--cpus-per-trial", type=float, default=1)
@@ -277,7 +278,7 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--out", help="HTML file to write (default: RUN_DIR/report.html)")
     rp.add_argument("--watch", nargs="?", type=float, const=10.0, metavar="SECONDS",
                     help="rewrite the report every SECONDS (default 10) until every trial finished")
-    rp.add_argument("--dashboard", help="a dashboard spec YAML (default: dashboards/<grid>.yaml)")
+    rp.add_argument("--dashboard", help="a dashboard spec YAML (default: ablate/dashboards/<grid>.yaml)")
     rp.set_defaults(func=cmd_report)
 
     ex = sub.add_parser("export", help="write a run's results table as CSV or Parquet")
@@ -300,9 +301,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `ablate` console script."""
     from ablate.core.dgp import LowAcceptanceError
+    from ablate.rundir import RunError
     from ablate.service.grids import GridError
     from ablate.service.presets import PresetError
-    from ablate.service.runner import RunError
 
     args = build_parser().parse_args(argv)
     try:

@@ -19,11 +19,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 __all__ = [
     "ConfigError",
-    "FaultSpec",
     "LOSSES",
     "RunConfig",
     "parse_assignments",
-    "read_yaml_mapping",
     "resolve_concentration",
     "yaml_loader",
 ]
@@ -82,16 +80,13 @@ def _blocks(blocks: list[float], d: int, field: str) -> list[float]:
     return [v for v in blocks for _ in range(size)]
 
 
-class FaultSpec(BaseModel):
-    """Test-only fault injection: raise once the trial passes ``at_step``, ``times`` times per trial."""
-
-    model_config = ConfigDict(extra="forbid")
-    at_step: int = Field(ge=1, description="raise when training passes this step")
-    times: int = Field(default=1, ge=1, description="how many times (across retries) the fault fires")
-
-
 class RunConfig(BaseModel):
-    """Everything that defines one synthetic training run. Every field has a documented default."""
+    """Everything that defines one synthetic training run. Every field has a documented default.
+
+    Not Ray's ``ray.tune.RunConfig`` (where a Tune experiment is stored, its checkpoints and callbacks; only
+    :mod:`ablate.service.runner` builds one, always as ``tune.RunConfig``): this is ablate's config of one run,
+    the same object for the CLI, the Trainable, the exported columns and the report.
+    """
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
@@ -177,7 +172,6 @@ class RunConfig(BaseModel):
     # --- execution
     device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="'auto' = cuda when available")
     dtype: Literal["float32", "float64"] = Field(default="float32", description="training dtype")
-    fault: FaultSpec | None = Field(default=None, description="test-only: inject an exception (fault tests)")
 
     @field_validator("concentration", "negative_concentration", mode="before")
     @classmethod
@@ -232,6 +226,15 @@ class RunConfig(BaseModel):
         if self.negative_concentration is None:
             return None
         return resolve_concentration(self.negative_concentration, self.latent_dim, "negative_concentration")
+
+    @property
+    def lambda_optimum(self) -> list[float]:
+        """The Λ̂ at which AnInfoNCE's loss is lowest: Λ⁺ − Λ⁻ with hard negatives (Cor. B.1), else Λ (for an
+        ensemble, that of the first DGP). The one place this difference is computed."""
+        neg = self.lambda_negative
+        if neg is None:
+            return self.lambda_true
+        return [p - n for p, n in zip(self.lambda_true, neg)]
 
     @property
     def effective_generator_seed(self) -> int:
@@ -294,24 +297,3 @@ def yaml_loader() -> type:
         list("-+0123456789"),
     )
     return Loader
-
-
-def read_yaml_mapping(path, error: type[Exception], allowed_keys) -> dict[str, Any]:
-    """Safe-load a YAML file whose top level is a mapping of ``allowed_keys``; problems (malformed YAML, an
-    unknown top-level key) raise ``error`` naming the file and the line or key."""
-    import yaml
-
-    try:
-        data = yaml.load(path.read_text(), Loader=yaml_loader())  # noqa: S506 (a SafeLoader subclass)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
-        raise error(f"{path}: malformed YAML at {where}: {getattr(exc, 'problem', exc)}") from None
-    except OSError as exc:
-        raise error(f"{path}: cannot read: {exc.strerror}") from None
-    if not isinstance(data, dict):
-        raise error(f"{path}: the top level must be a mapping of keys ({', '.join(sorted(allowed_keys))})")
-    for key in data:
-        if key not in allowed_keys:
-            raise error(f"{path}: {key}: unknown key; allowed: {', '.join(sorted(allowed_keys))}")
-    return data

@@ -17,10 +17,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from test_report import runs_root, smoke_run
+from conftest import runs_root, smoke_run
 
+from ablate.reports.report import load_dashboard, load_run, study_views, write_report
 from ablate.service.grids import known_grids
-from ablate.reports.report import load_dashboard, write_report
 
 pytestmark = pytest.mark.slow
 
@@ -73,7 +73,8 @@ def render_status(binary: str, page: Path, tmp: Path, png: Path | None = None) -
 def test_report_renders_in_chromium(name, chromium, ray_session, tmp_path_factory, tmp_path):
     run_dir = smoke_run(name, runs_root(tmp_path_factory))
     page = Path(write_report(run_dir, tmp_path / "report.html"))
-    n_panels = len(load_dashboard(name).panels)
+    n_panels = len(load_dashboard(name).panels)  # plus Optuna's drawable views of an Optuna grid's study
+    n_panels += sum(v.figure is not None for v in study_views(load_run(run_dir)))
     png = tmp_path / f"report_{name}.png"
     status = render_status(chromium, page, tmp_path, png)
     assert status["errors"] == [], f"JavaScript errors: {status['errors']}"

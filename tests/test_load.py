@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from ablate.service.grids import load_grid
 from ablate.analysis.results import load_results
+from ablate.service.grids import load_grid
 from ablate.service.runner import run_grid
 
 pytestmark = pytest.mark.slow

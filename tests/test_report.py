@@ -12,11 +12,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import runs_root, smoke_run
 
 from ablate import cli
+from ablate.analysis.results import load_results
 from ablate.config import RunConfig
-from ablate.service.cluster import DashboardHandle, auth_lines, check_host, is_loopback
-from ablate.service.grids import SCALES, known_grids, load_grid
 from ablate.core.metrics import iterations_to_target
 from ablate.reports.panels import PANELS, PanelSpec, RunContext, final_rows, panel_data
 from ablate.reports.report import (
@@ -26,10 +26,12 @@ from ablate.reports.report import (
     known_dashboards,
     load_dashboard,
     load_run,
+    study_views,
     watch_report,
     write_report,
 )
-from ablate.analysis.results import load_results
+from ablate.service.cluster import DashboardHandle, auth_lines, check_host, is_loopback
+from ablate.service.grids import SCALES, known_grids, load_grid
 from ablate.service.runner import RUN_MARKER, RunError
 
 #: The columns of each panel kind's data frame.
@@ -44,28 +46,6 @@ COLUMNS = {
     "similarity_histograms": ["facet", "kind", "bin_center", "density", "overlap", "n_seeds"],
     "ensemble_bars": ["facet", "x", "mean", "std", "n_seeds", "paper"],
 }
-
-# ---------------------------------------------------------------------------------------- shared smoke runs
-#: grid name → run directory, shared by this module and tests/test_browser.py within one pytest process.
-_RUNS: dict[str, Path] = {}
-
-
-def smoke_run(name: str, root: Path) -> Path:
-    """Run a grid at smoke scale once per test session through `ablate run … --report` (in-process)."""
-    if name not in _RUNS:
-        code = cli.main(["run", name, "--scale", "smoke", "--storage", str(root), "--verbose", "0", "--report"])
-        run_dir = root / f"{name}-smoke"
-        assert code == 0, f"smoke run of {name} failed (exit {code})"
-        _RUNS[name] = run_dir
-    return _RUNS[name]
-
-
-def runs_root(tmp_path_factory) -> Path:
-    """One folder for every smoke run of the session."""
-    root = tmp_path_factory.getbasetemp() / "report-smoke-runs"
-    root.mkdir(exist_ok=True)
-    return root
-
 
 @pytest.fixture(scope="module")
 def bvd(ray_session, tmp_path_factory):
@@ -219,7 +199,11 @@ def test_report_renders(name, ray_session, tmp_path_factory, tmp_path):
         assert not p.data.empty, f"{name}: panel {p.spec.kind} ({p.spec.title}) has no data at smoke scale"
     out = Path(write_report(run, tmp_path / "report.html"))
     page = out.read_text()
-    assert page.count("Plotly.newPlot(") == len(dash.panels)
+    views = study_views(run)  # Optuna's views of an Optuna grid's study follow the panels
+    assert bool(views) == (load_grid(name, "smoke").search == "optuna")
+    for view in views:
+        assert f'data-kind="{view.name}"' in page and (view.figure is not None or view.note)
+    assert page.count("Plotly.newPlot(") == len(dash.panels) + sum(v.figure is not None for v in views)
     assert len(re.findall(r"plotly\.js v\d", page)) == 1, "plotly.js embedded once, inline"
     assert not re.search(r"<script[^>]*\ssrc=", page), "no external scripts: the report works offline"
     assert page.count("Paper figure:") == len(dash.panels)

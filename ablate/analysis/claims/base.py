@@ -1,0 +1,136 @@
+"""Claims: the result types and the helpers every claim uses (verdicts, seed means, not-measured checks).
+
+A criterion the data cannot decide (a metric missing, a target never reached by any setting) is
+"not measured" (``passed is None``), never a pass.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from ablate.analysis.stats import spearman
+
+__all__ = ["ITT_TARGETS", "Check", "ClaimResult"]
+
+_R2_BLOCK = re.compile(r"^r2_lambda_(.+)$")
+#: Target R² values of the iterations-to-target checks (the batch_vs_dim dashboard's Fig. 9B targets).
+ITT_TARGETS = (0.5, 0.7, 0.8, 0.9)
+
+
+# --------------------------------------------------------------------------- result types
+@dataclass
+class Check:
+    """One criterion of a claim: what was measured, the rule, and whether it held (None = not measured)."""
+
+    name: str
+    value: str
+    criterion: str
+    passed: bool | None
+
+
+@dataclass
+class ClaimResult:
+    """The verdict on one claim for one run."""
+
+    claim: int
+    title: str
+    figure: str
+    paper_value: str
+    value: str
+    checks: list[Check]
+    details: dict[str, Any] = field(default_factory=dict)
+    grid: str = ""
+    scale: str = ""
+    run_dir: str = ""
+    wall_s: float | None = None
+    preset: str | None = None
+
+    @property
+    def passed(self) -> bool | None:
+        """False if any check failed; None if none failed but one was not measured; True otherwise."""
+        verdicts = [c.passed for c in self.checks]
+        if not verdicts or any(v is None for v in verdicts) and all(v is not False for v in verdicts):
+            return None
+        return all(verdicts)
+
+    @property
+    def status(self) -> str:
+        """PASS, FAIL or NOT MEASURED."""
+        return {True: "PASS", False: "FAIL", None: "NOT MEASURED"}[self.passed]
+
+    @property
+    def criterion(self) -> str:
+        """Every check's rule, joined."""
+        return "; ".join(c.criterion for c in self.checks)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-friendly dict (with ``passed`` and ``status``)."""
+        return {**asdict(self), "passed": self.passed, "status": self.status}
+
+
+
+# --------------------------------------------------------------------------- helpers
+def _sign_ok(rho: float, sign: int) -> bool | None:
+    return None if math.isnan(rho) else bool(rho * sign > 0)
+
+
+def _all_or_none(verdicts: list[bool | None]) -> bool | None:
+    """False if any is False; None if none was decided; else True."""
+    if any(v is False for v in verdicts):
+        return False
+    return True if any(v is True for v in verdicts) else None
+
+
+def _seed_means(fin: pd.DataFrame, keys: list[str], metric: str) -> pd.DataFrame:
+    """Mean, sd and count of ``metric`` over seeds for each combination of ``keys``."""
+    g = fin.groupby(keys, dropna=False, sort=True)[metric]
+    return g.agg(mean="mean", sd="std", n="count").reset_index()
+
+
+def _missing(df: pd.DataFrame, *cols: str) -> list[str]:
+    return [c for c in cols if c not in df.columns or not df[c].notna().any()]
+
+
+def _not_measured(name: str, criterion: str, why: str) -> Check:
+    return Check(name, f"not measured: {why}", criterion, None)
+
+
+def _groupwise_sign(fin: pd.DataFrame, group: str, x: str, metric: str, sign: int, name: str,
+                    criterion: str) -> tuple[Check, dict[str, float]]:
+    """Spearman(x, seed-mean metric) within every value of ``group``; the check holds if each has ``sign``."""
+    miss = _missing(fin, group, x, metric)
+    if miss:
+        return _not_measured(name, criterion, f"no {', '.join(miss)} in the results"), {}
+    means = _seed_means(fin, [group, x], metric)
+    rhos = {str(g): spearman(sub[x], sub["mean"]) for g, sub in means.groupby(group, sort=True)}
+    verdict = _all_or_none([_sign_ok(r, sign) for r in rhos.values()])
+    text = ", ".join(f"{group}={g}: ρ={r:+.2f}" for g, r in rhos.items())
+    return Check(name, text, criterion, verdict), rhos
+
+
+def _block_lambdas(df: pd.DataFrame) -> list[float]:
+    """The Λ values with a per-block R² column (r2_lambda_<Λ>), ascending."""
+    out = []
+    for c in df.columns:
+        m = _R2_BLOCK.match(c)
+        if m and df[c].notna().any():
+            try:
+                out.append(float(m.group(1)))
+            except ValueError:
+                continue
+    return sorted(out)
+
+
+def _block_col(lam: float) -> str:
+    return f"r2_lambda_{lam:g}"
+
+
+def _variant(fin: pd.DataFrame, name: str) -> pd.DataFrame:
+    return fin[fin["variant"] == name] if "variant" in fin.columns else fin.iloc[0:0]
+
+

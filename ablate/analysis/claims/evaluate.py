@@ -1,0 +1,121 @@
+"""Claims evaluator: does a run reproduce the paper's claim for its grid, within a stated tolerance?
+
+One function per claim of docs/reproduction.md (:mod:`.main_text`, :mod:`.appendix`). Each takes the tidy results
+table of a run (:func:`ablate.analysis.results.load_results`) and the run's
+:class:`ablate.analysis.run.RunContext` (the trials' resolved configs, the grid's paper values), and returns a
+:class:`ClaimResult`: the paper's figure and value, ablate's value (mean ± sd over seeds where there are seeds),
+one :class:`Check` per criterion, and PASS / FAIL / NOT MEASURED. The claims read columns of values, never a
+report's display labels; files are read only by :func:`evaluate_run` and :func:`run_wall_s`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from pathlib import Path
+
+import pandas as pd
+
+from ablate.analysis.claims.appendix import claim_ensemble, claim_hard_negatives, claim_tricl, claim_zimmermann
+from ablate.analysis.claims.base import ClaimResult
+from ablate.analysis.claims.main_text import (
+    claim_anisotropy,
+    claim_batch_vs_dim,
+    claim_batch_vs_lambda,
+    claim_bimodal,
+    claim_linear_lambda,
+)
+from ablate.analysis.run import RunContext, load_run
+from ablate.rundir import RunReader
+
+__all__ = ["CLAIMS", "command", "evaluate_frame", "evaluate_run", "markdown_table", "run_wall_s", "text_report"]
+
+
+# --------------------------------------------------------------------------- registry and runs
+ClaimFn = Callable[[pd.DataFrame, RunContext], ClaimResult]
+#: grid name → the claims its runs decide. Grids absent here (concentration_dynamics, tune_*) decide none.
+CLAIMS: dict[str, list[ClaimFn]] = {
+    "anisotropy": [claim_anisotropy],
+    "bimodal_dynamics": [claim_bimodal],
+    "linear_lambda": [claim_linear_lambda],
+    "batch_vs_dim": [claim_batch_vs_dim],
+    "batch_vs_lambda": [claim_batch_vs_lambda],
+    "hard_negatives": [claim_hard_negatives],
+    "ensemble": [claim_ensemble],
+    "tricl": [claim_tricl],
+    "zimmermann_sphere": [claim_zimmermann],
+}
+
+
+def evaluate_frame(df: pd.DataFrame, ctx: RunContext) -> list[ClaimResult]:
+    """Every claim registered for the table's grid (``df.attrs['grid']`` or ``ctx.grid``)."""
+    grid = str(df.attrs.get("grid") or ctx.grid)
+    out = []
+    for fn in CLAIMS.get(grid, []):
+        res = fn(df, ctx)
+        res.grid, res.scale = grid, str(df.attrs.get("scale", ""))
+        out.append(res)
+    return out
+
+
+def run_wall_s(run_dir: str | Path) -> float | None:
+    """Seconds from the run's creation (its marker) to the last report of any trial, or None if unknown."""
+    reader = RunReader(run_dir)
+    try:
+        start = datetime.strptime(reader.marker()["created"], "%Y-%m-%dT%H:%M:%S%z").timestamp()
+    except (KeyError, ValueError):
+        return None
+    last = [row["timestamp"] for name in reader.list_dirs("trial_") for row in reader.results(name)[-1:]
+            if "timestamp" in row]
+    return float(max(last) - start) if last else None
+
+
+def evaluate_run(run_dir: str | Path) -> list[ClaimResult]:
+    """Read a run directory and evaluate the claims of its grid (an empty list if its grid decides none)."""
+    run = load_run(run_dir)
+    results = evaluate_frame(run.df, run.ctx)
+    wall = run_wall_s(run_dir) if results else None
+    preset = RunReader(str(run_dir)).marker().get("preset") if results else None
+    for res in results:
+        res.run_dir, res.wall_s, res.preset = str(run_dir), wall, preset
+    return results
+
+
+# --------------------------------------------------------------------------- output
+def command(grid: str, scale: str, preset: str | None = None) -> str:
+    """The one command that reproduces a claim's run and report."""
+    if preset:
+        return f"ablate run {grid} --scale {scale} --preset {preset} && ablate report runs/{grid}-{scale}-{preset}"
+    return f"ablate run {grid} --scale {scale} && ablate report runs/{grid}-{scale}"
+
+
+def _cell(text: str) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def markdown_table(results: Sequence[ClaimResult]) -> str:
+    """The summary table of docs/reproduction.md, one row per claim."""
+    head = ["#", "claim", "figure", "paper", "ablate", "criterion", "result", "wall (2 CPU)", "command"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in sorted(results, key=lambda r: r.claim):
+        wall = f"{r.wall_s:.0f} s" if r.wall_s is not None else "n/a"
+        cells = [str(r.claim), r.title, r.figure, r.paper_value, r.value, r.criterion, f"**{r.status}**", wall,
+                 f"`{command(r.grid, r.scale, r.preset)}`"]
+        lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+    return "\n".join(lines)
+
+
+def text_report(results: Sequence[ClaimResult]) -> str:
+    """A plain-text account of each claim and its checks."""
+    out = []
+    for r in results:
+        wall = f", wall {r.wall_s:.0f} s" if r.wall_s is not None else ""
+        preset = f", preset {r.preset}" if r.preset else ""
+        out.append(f"claim {r.claim} [{r.status}] {r.title} — {r.figure} ({r.grid} @ {r.scale}{preset}{wall})")
+        out.append(f"  paper:  {r.paper_value}")
+        out.append(f"  ablate: {r.value}")
+        for c in r.checks:
+            verdict = {True: "pass", False: "FAIL", None: "not measured"}[c.passed]
+            out.append(f"  - [{verdict}] {c.name}: {c.value}\n      criterion: {c.criterion}")
+    return "\n".join(out)
+

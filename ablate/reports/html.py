@@ -1,0 +1,223 @@
+"""The report page: one self-contained HTML file (plotly.js inline, no CDN) of a run's settings, trials and panels.
+
+It writes ``<div id="ablate-render-status" data-plots data-rendered data-errors>`` once its plots drew, so a
+headless browser (tests/test_browser.py) can check that every figure rendered without a JavaScript error.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import pandas as pd
+
+from ablate.analysis.run import Run, generator_table, run_finished, trial_table
+from ablate.reports.panels import PANELS, PanelResult
+from ablate.reports.spec import Dashboard
+
+__all__ = ["render_html"]
+
+_CSS = """
+body { font-family: system-ui, -apple-system, 'Segoe UI', sans-serif; margin: 0 auto; max-width: 1400px;
+       padding: 1em 2em; color: #222; }
+h1 { margin-bottom: 0.1em; } h2 { margin-top: 1.6em; border-bottom: 1px solid #ddd; padding-bottom: 0.2em; }
+.meta { color: #555; } .figure { color: #114; font-weight: 600; } .note { color: #555; font-style: italic; }
+table { border-collapse: collapse; font-size: 0.88em; margin: 0.5em 0; }
+th, td { border: 1px solid #ddd; padding: 0.2em 0.6em; text-align: left; vertical-align: top; }
+th { background: #f4f4f4; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
+.TERMINATED { color: #070; } .ERROR { color: #b00; font-weight: 600; } .RUNNING { color: #b60; }
+.PENDING, .PAUSED { color: #777; }
+details { margin: 0.4em 0; } summary { cursor: pointer; color: #336; }
+pre { background: #f7f7f7; padding: 0.6em; overflow-x: auto; font-size: 0.85em; }
+"""
+
+#: Collects JavaScript errors from the start, so the render check (and a reader) sees them.
+_HEAD_JS = """
+window.__ablateErrors = [];
+window.addEventListener('error', function (e) { window.__ablateErrors.push(String(e.message || e)); });
+window.addEventListener('unhandledrejection', function (e) {
+  window.__ablateErrors.push('unhandled rejection: ' + String(e.reason)); });
+"""
+
+#: Writes <div id="ablate-render-status" data-plots=… data-rendered=… data-errors=…> once the plots drew.
+_TAIL_JS = """
+(function () {
+  var tries = 0;
+  function check() {
+    var plots = document.querySelectorAll('.js-plotly-plot');
+    var rendered = 0;
+    plots.forEach(function (p) { if (p.querySelector('svg.main-svg')) { rendered++; } });
+    if (rendered < %(expected)d && tries++ < 50) { setTimeout(check, 100); return; }
+    var el = document.createElement('div');
+    el.id = 'ablate-render-status';
+    el.hidden = true;
+    el.setAttribute('data-expected', '%(expected)d');
+    el.setAttribute('data-plots', String(plots.length));
+    el.setAttribute('data-rendered', String(rendered));
+    el.setAttribute('data-errors', JSON.stringify(window.__ablateErrors));
+    document.body.appendChild(el);
+  }
+  window.addEventListener('load', function () { setTimeout(check, 0); });
+})();
+"""
+
+
+def _cell(v: Any) -> str:
+    if v is None or (isinstance(v, float) and pd.isna(v)):
+        return "<td></td>"
+    if isinstance(v, float):
+        return f'<td class="num">{v:.4g}</td>'
+    if isinstance(v, int):
+        return f'<td class="num">{v}</td>'
+    return f"<td>{html.escape(str(v))}</td>"
+
+
+def _html_table(df: pd.DataFrame, status_col: str | None = None, max_rows: int | None = None) -> str:
+    if df.empty:
+        return "<p class='meta'>(none yet)</p>"
+    shown = df if max_rows is None else df.head(max_rows)
+    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in shown.columns)
+    body = []
+    for _, r in shown.iterrows():
+        cells = []
+        for c in shown.columns:
+            v = r[c]
+            if c == status_col:
+                cells.append(f'<td class="{html.escape(str(v))}">{html.escape(str(v))}</td>')
+            else:
+                cells.append(_cell(v.item() if hasattr(v, "item") else v))
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    more = "" if max_rows is None or len(df) <= max_rows else f"<p class='meta'>… {len(df) - max_rows} more rows</p>"
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>{more}"
+
+
+def _settings_html(run: Run) -> str:
+    grid, marker = run.grid, run.marker
+    rows = [("grid", run.name), ("scale", marker.get("scale")), ("run directory", run.run_dir),
+            ("created", marker.get("created")), ("ablate version", marker.get("ablate_version"))]
+    parts = []
+    if grid is not None:
+        rows += [("figure", grid.figure), ("search", grid.search), ("trials", grid.n_trials),
+                 ("seeds", ", ".join(map(str, grid.seeds))), ("stop", json.dumps(grid.stop))]
+        if grid.axes:
+            rows += [(f"axis {k}", ", ".join(json.dumps(v) if not isinstance(v, str) else v for v in vals))
+                     for k, vals in grid.axes.items()]
+        if grid.variants:
+            rows.append(("variants", "; ".join(json.dumps(v) for v in grid.variants)))
+        if grid.optuna:
+            rows.append(("optuna", json.dumps(grid.optuna)))
+        if grid.paper_values:
+            rows.append(("paper values", json.dumps(grid.paper_values)))
+    table = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>" for k, v in rows)
+    parts.append(f"<table>{table}</table>")
+    if grid is not None:
+        if grid.description:
+            parts.append(f"<p>{html.escape(grid.description.strip())}</p>")
+        base = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(json.dumps(v))}</td></tr>"
+                       for k, v in sorted(grid.base.items()))
+        parts.append(f"<details open><summary>base settings (every trial; RunConfig defaults otherwise)</summary>"
+                     f"<table>{base}</table></details>")
+        if grid.chosen:
+            chosen = pd.DataFrame([{"key": c.get("key"), "value": json.dumps(c.get("value")) if "value" in c else "",
+                                    "why": c.get("why")} for c in grid.chosen])
+            parts.append("<details><summary>values the papers' text does not give (chosen)</summary>"
+                         f"{_html_table(chosen)}</details>")
+    gen = generator_table(run.df)
+    if not gen.empty:
+        parts.append("<details open><summary>generator g: how hard the inversion is (condition numbers per layer, the "
+                     "threshold each layer had to beat, and the linear R² of z from g(z); 1 would be a linear g)</summary>"
+                     f"{_html_table(gen)}</details>")
+    if marker.get("grid_yaml"):
+        parts.append(f"<details><summary>grid YAML as run</summary><pre>{html.escape(marker['grid_yaml'])}</pre>"
+                     "</details>")
+    return "\n".join(parts)
+
+
+def _where_text(v: Any) -> str:
+    """A ``where`` value as a reader would say it."""
+    if isinstance(v, list):
+        return " or ".join(_where_text(x) for x in v)
+    if v is None:
+        return "null"
+    return {"max": "its largest value", "min": "its smallest value"}.get(v, str(v)) if isinstance(v, str) else str(v)
+
+
+def render_html(run: Run, panels: list[PanelResult], dashboard: Dashboard, refresh: float | None = None,
+                finished: bool | None = None, extra_views: Sequence[Any] = ()) -> str:
+    """The report page: title, settings, trials, and each panel with its paper figure (plotly.js inline).
+
+    ``extra_views`` (e.g. Optuna's views of the study) follow the panels: each has ``name``, ``title``,
+    ``describe``, ``data``, ``figure`` (None when skipped) and ``note``.
+
+    ``refresh`` (seconds) makes the page reload itself (``--watch``); ``finished`` defaults to :func:`run_finished`.
+    """
+    import plotly.io as pio
+
+    table = trial_table(run)
+    counts = table["status"].value_counts().to_dict() if not table.empty else {}
+    expected = int(run.marker.get("n_trials") or len(table))
+    not_started = max(expected - len(table), 0)
+    finished = run_finished(run) if finished is None else finished
+    state = "finished" if finished else "in progress"
+    count_text = ", ".join(f"{n} {s.lower()}" for s, n in sorted(counts.items()))
+    if not_started:
+        count_text += f", {not_started} not started"
+    title = dashboard.title or run.name
+    head_refresh = f'<meta http-equiv="refresh" content="{int(max(refresh, 1))}">' if refresh else ""
+    out = [
+        "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">', head_refresh,
+        f"<title>ablate report: {html.escape(run.name)} ({html.escape(str(run.marker.get('scale')))})</title>",
+        f"<style>{_CSS}</style><script>{_HEAD_JS}</script></head><body>",
+        f"<h1>ablate report: {html.escape(title)}</h1>",
+        f"<p class='meta'>grid <b>{html.escape(run.name)}</b> at scale <b>{html.escape(str(run.marker.get('scale')))}"
+        f"</b> · run {state}: {len(table)} of {expected} trials known ({html.escape(count_text or 'none yet')}) · "
+        f"{len(run.df)} reports · written {time.strftime('%Y-%m-%d %H:%M:%S')}"
+        + (f" · refreshes every {refresh:g} s" if refresh else "") + "</p>",
+    ]
+    if dashboard.description:
+        out.append(f"<p>{html.escape(dashboard.description.strip())}</p>")
+    out += ["<h2>Settings</h2>", _settings_html(run), "<h2>Trials</h2>", _html_table(table, status_col="status")]
+    for i, panel in enumerate(panels):
+        spec = panel.spec
+        kind = PANELS[spec.kind]
+        fig_html = pio.to_html(panel.figure, full_html=False, include_plotlyjs=(i == 0), div_id=f"panel-{i}",
+                               config={"displaylogo": False, "responsive": True})
+        where = ("<p class='meta'>shown: " + html.escape("; ".join(f"{k} = {_where_text(v)}" for k, v in
+                                                                   spec.where.items())) + "</p>") if spec.where else ""
+        out += [
+            f'<section class="panel" data-kind="{spec.kind}">',
+            f"<h2>{i + 1}. {html.escape(spec.title or kind.title)}</h2>",
+            f"<p class='figure'>Paper figure: {html.escape(spec.figure)}</p>",
+            f"<p class='meta'>{html.escape(kind.describe)}</p>",
+            f"<p class='note'>{html.escape(spec.note)}</p>" if spec.note else "",
+            where,
+            fig_html,
+            f"<details><summary>data ({len(panel.data)} rows)</summary>{_html_table(panel.data, max_rows=300)}"
+            "</details>",
+            "</section>",
+        ]
+    figures = len(panels)
+    for view in extra_views:
+        fig_html = ""
+        if view.figure is not None:
+            fig_html = pio.to_html(view.figure, full_html=False, include_plotlyjs=(figures == 0),
+                                   div_id=f"view-{view.name}", config={"displaylogo": False, "responsive": True})
+            figures += 1
+        out += [
+            f'<section class="panel optuna-view" data-kind="{html.escape(view.name)}">',
+            f"<h2>{html.escape(view.title)}</h2>",
+            f"<p class='meta'>{html.escape(view.describe)}</p>" if view.describe else "",
+            f"<p class='note'>{html.escape(view.note)}</p>" if view.note else "",
+            fig_html,
+            f"<details><summary>data ({len(view.data)} rows)</summary>{_html_table(view.data, max_rows=300)}"
+            "</details>",
+            "</section>",
+        ]
+    out.append(f"<script>{_TAIL_JS % {'expected': figures}}</script>")
+    out.append("</body></html>")
+    return "\n".join(s for s in out if s)
+
+
