@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ablate.config import LOSSES, ConfigError, RunConfig, parse_assignments, resolve_concentration
+from ablate.config import ConfigError, RunConfig, parse_assignments, resolve_concentration
 
 
 def build_error(**values) -> str:
@@ -132,10 +132,20 @@ def test_assignment_is_validated():
         cfg.latent_dim = 1
 
 
-def test_losses_constant_matches_the_field():
-    for loss in LOSSES:
+def test_every_loss_name_a_config_allows_is_registered_and_builds():
+    import typing
+
+    import torch
+
+    from ablate.core.losses import LOSSES, ContrastiveLoss, build_loss
+
+    allowed = set(typing.get_args(RunConfig.model_fields["loss"].annotation))
+    assert allowed == set(LOSSES), "RunConfig.loss and the loss registry name the same losses"
+    for loss in sorted(allowed):
         extra = {"ensemble": ["5/25", "25/5"]} if loss == "ensemble_aninfonce" else {}
-        assert RunConfig.build({"loss": loss, **extra}).loss == loss
+        config = RunConfig.build({"loss": loss, "latent_dim": 4, **extra})
+        assert config.loss == loss
+        assert isinstance(build_loss(config, torch.Generator().manual_seed(0)), ContrastiveLoss)
 
 
 # ------------------------------------------------------ --set key=value parsing

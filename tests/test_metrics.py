@@ -14,7 +14,6 @@ from ablate.core.metrics import (
     iterations_to_target,
     lambda_recovery,
     linear_r2,
-    loss_floor,
     matched_lambda,
     mcc,
     r2_per_block,
@@ -189,6 +188,11 @@ def test_similarity_overlap_keeps_cosines_that_round_above_one():
 
 
 # --------------------------------------------------------------------------- loss floor
+def _true_latent_loss(loss, z, z_pos) -> float:
+    """The loss evaluated on the true latents (ẑ = z), as Experiment.evaluate computes loss_floor."""
+    with torch.no_grad():
+        return float(loss.batch_loss([(z, z_pos)]))
+
 
 
 @pytest.mark.parametrize(("lam", "d"), [([50.0] * 3 + [200.0] * 3, 6), ([5.0] * 5 + [25.0] * 5, 10)])
@@ -201,25 +205,27 @@ def test_loss_floor_is_lowest_at_the_true_metric(lam, d):
     z = sample_uniform(b, d, generator=g)
     z_pos = sample_conditional(z, lam, generator=g)
     true = torch.tensor(lam)
-    floor = loss_floor(AnInfoNCE(d, fixed=true), z, z_pos)
+    floor = _true_latent_loss(AnInfoNCE(d, fixed=true), z, z_pos)
     assert isinstance(floor, float) and math.isfinite(floor)
     for factor in (0.25, 0.5, 2.0, 4.0):
-        wrong = loss_floor(AnInfoNCE(d, fixed=true * factor), z, z_pos)
+        wrong = _true_latent_loss(AnInfoNCE(d, fixed=true * factor), z, z_pos)
         assert floor < wrong - 0.05, f"floor {floor:.3f} at Λ̂=Λ not below {wrong:.3f} at Λ̂={factor}Λ (margin 0.05)"
 
 
-def test_loss_floor_passes_extra_arguments_and_tracks_no_gradient():
-    # hard-negative form (Cor. B.1): the extra argument h_neg is forwarded; trainable θ is not touched
+def test_batch_loss_passes_hard_negatives_and_falls_back_to_plain_aninfonce_without_them():
+    # hard-negative form (Cor. B.1): batch_loss forwards the negatives; without them it is plain AnInfoNCE
     d = 6
     g = gen(1)
     z = sample_uniform(300, d, generator=g)
     z_pos = sample_conditional(z, 150.0, generator=g)
     z_neg = sample_hard_negatives(z, 100.0, 4, generator=g)
     loss = HardNegativeAnInfoNCE(d, generator=gen(2))
-    value = loss_floor(loss, z, z_pos, z_neg)
     with torch.no_grad():
-        assert value == pytest.approx(float(loss(z, z_pos, z_neg)), rel=1e-6)
-    assert loss.theta.grad is None
+        with_negatives = float(loss.batch_loss([(z, z_pos)], z_neg))
+        assert with_negatives == pytest.approx(float(loss(z, z_pos, z_neg)), rel=1e-6)
+        plain = AnInfoNCE(d, fixed=loss.lambda_hat)
+        assert float(loss.batch_loss([(z, z_pos)], None)) == pytest.approx(float(plain(z, z_pos)), rel=1e-6)
+        assert float(loss.batch_loss([(z, z_pos)], None)) != pytest.approx(with_negatives, rel=1e-3)
 
 
 def test_matched_lambda_follows_the_output_that_encodes_each_latent():

@@ -14,11 +14,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ablate.config import RunConfig, resolve_concentration
+from ablate.config import RunConfig
 from ablate.core import dgp, metrics
 from ablate.core.encoder import Encoder, init_encoder_
 from ablate.core.generator import build_generator
-from ablate.core.losses import AnInfoNCE, EnsembleAnInfoNCE, HardNegativeAnInfoNCE, InfoNCE, TriCL
+from ablate.core.losses import ContrastiveLoss, build_loss, floor_loss
 
 __all__ = ["Experiment", "NonFiniteLossError", "build_loss", "generator_stats", "resolve_device"]
 
@@ -42,25 +42,6 @@ def resolve_device(name: str) -> torch.device:
     if name == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("device 'cuda' requested but torch.cuda.is_available() is False")
     return torch.device(name)
-
-
-def build_loss(config: RunConfig, generator: torch.Generator) -> torch.nn.Module:
-    """The training loss named by the config (a fresh module, Λ̂ initialised from ``generator``)."""
-    d, std = config.latent_dim, config.lambda_hat_init_std
-    fixed = None
-    if config.fixed_lambda_hat is not None:
-        fixed = resolve_concentration(config.fixed_lambda_hat, d, "fixed_lambda_hat")
-    if config.loss == "infonce":
-        return InfoNCE(config.tau)
-    if config.loss == "tricl":
-        return TriCL(d, decorrelation=config.tricl_decorrelation, init_std=std, generator=generator)
-    if config.loss == "ensemble_aninfonce":
-        return EnsembleAnInfoNCE(d, len(config.lambda_ensemble), init_std=std, generator=generator)
-    if config.negative_concentration is not None:
-        return HardNegativeAnInfoNCE(
-            d, fixed, batch_negatives=config.batch_negatives, init_std=std, generator=generator
-        )
-    return AnInfoNCE(d, fixed, init_std=std, generator=generator)
 
 
 def _build_generator(config: RunConfig):
@@ -157,7 +138,7 @@ class Experiment:
         """ẑ = f(g(z)). Shape: ``(..., d) -> (..., d)``."""
         return self.encoder(self.generator(z))
 
-    def compute_loss(self, latents: dict[str, Any], loss: torch.nn.Module | None = None) -> Tensor:
+    def compute_loss(self, latents: dict[str, Any], loss: ContrastiveLoss | None = None) -> Tensor:
         """The loss of one batch of latents, encoding every view in one pass through f∘g."""
         loss = self.loss if loss is None else loss
         pairs, negatives = latents["pairs"], latents["negatives"]
@@ -168,14 +149,8 @@ class Experiment:
         h = self.encode(torch.cat(chunks))
         views = list(h[: 2 * n * len(pairs)].split(n))
         view_pairs = [(views[2 * i], views[2 * i + 1]) for i in range(len(pairs))]
-        if isinstance(loss, EnsembleAnInfoNCE):
-            return loss(view_pairs)
-        h1, h2 = view_pairs[0]
-        if negatives is not None:
-            return loss(h1, h2, h[2 * n :].view(n, -1, d))
-        if isinstance(loss, HardNegativeAnInfoNCE):
-            return AnInfoNCE.forward(loss, h1, h2)
-        return loss(h1, h2)
+        h_neg = h[2 * n * len(pairs) :].view(n, -1, d) if negatives is not None else None
+        return loss.batch_loss(view_pairs, h_neg)
 
     # -------------------------------------------------------------- training
     def _lr_factor(self, step: int) -> float:
@@ -230,20 +205,6 @@ class Experiment:
         lam = getattr(self.loss, "lambda_hat", None)
         return None if lam is None else lam.detach()
 
-    def _floor_loss(self) -> torch.nn.Module | None:
-        cfg = self.config
-        d = cfg.latent_dim
-        if cfg.loss == "infonce":
-            return self.loss
-        if cfg.loss == "tricl":
-            return None
-        if cfg.loss == "ensemble_aninfonce":
-            return torch.nn.ModuleList(AnInfoNCE(d, lam) for lam in self._lambdas)
-        lam = self._lambdas[0]
-        if self._lambda_neg is not None and self._hard_negatives_active(self.step):
-            return HardNegativeAnInfoNCE(d, (lam - self._lambda_neg).clamp_min(1e-6), batch_negatives=cfg.batch_negatives)
-        return AnInfoNCE(d, lam)
-
     @torch.no_grad()
     def evaluate(self) -> dict[str, Any]:
         """Metrics on fresh samples: R² (overall, per dim, per Λ block), MCC, Λ̂, loss vs floor, overlap; and g's
@@ -270,7 +231,7 @@ class Experiment:
         out["eval_loss"] = float(self.compute_loss(latents))
         if cfg.loss != "tricl":  # the loss with the current Λ̂ on the true latents (ẑ = z): Fig. 10A's curve
             out["true_latent_loss"] = float(self._loss_on_true_latents(latents, self.loss))
-        floor = self._floor_loss()
+        floor = floor_loss(cfg, self._hard_negatives_active(self.step))
         if floor is not None:
             floor = floor.to(self.device, self.dtype)
             out["loss_floor"] = float(self._loss_on_true_latents(latents, floor))
@@ -284,9 +245,7 @@ class Experiment:
                 for i, v in enumerate(row.tolist()):
                     out[f"{prefix}{i}"] = v
             if cfg.loss != "tricl":
-                truth = cfg.lambda_true
-                if self._lambda_neg is not None:
-                    truth = (self._lambdas[0] - self._lambda_neg).tolist()
+                truth = cfg.lambda_optimum
                 rec = metrics.lambda_recovery(flat[0], truth)
                 out["lambda_max_rel_error"] = rec["max_rel_error"]
                 matched = metrics.matched_lambda(h_eval, z_eval, flat[0], truth, matching)
@@ -305,16 +264,9 @@ class Experiment:
         self.encoder.train()
         return out
 
-    def _loss_on_true_latents(self, latents: dict[str, Any], floor: torch.nn.Module) -> Tensor:
-        pairs, negatives = latents["pairs"], latents["negatives"]
-        if isinstance(floor, torch.nn.ModuleList):  # ensemble: one fixed Λⁱ per DGP
-            return torch.stack([member(z, z_pos) for member, (z, z_pos) in zip(floor, pairs)]).sum()
-        if isinstance(floor, EnsembleAnInfoNCE):
-            return floor(list(pairs))
-        z, z_pos = pairs[0]
-        if isinstance(floor, HardNegativeAnInfoNCE):
-            return floor(z, z_pos, negatives) if negatives is not None else AnInfoNCE.forward(floor, z, z_pos)
-        return floor(z, z_pos)
+    def _loss_on_true_latents(self, latents: dict[str, Any], loss: ContrastiveLoss) -> Tensor:
+        """``loss`` with ẑ = z: the true latents in place of the encodings."""
+        return loss.batch_loss(latents["pairs"], latents["negatives"])
 
     # ----------------------------------------------------------- persistence
     def state_dict(self) -> dict[str, Any]:
@@ -330,7 +282,8 @@ class Experiment:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a state from :meth:`state_dict` (loadable with ``torch.load(..., weights_only=True)``)."""
-        saved = RunConfig.model_validate(state["config"])
+        # checkpoints of earlier versions also hold the test-only `fault` setting, no longer a RunConfig field
+        saved = RunConfig.model_validate({k: v for k, v in state["config"].items() if k not in _RETIRED_FIELDS})
         if _science_fields(saved) != _science_fields(self.config):
             raise ValueError("checkpoint was written by a run with a different configuration")
         self.encoder.load_state_dict(state["encoder"])
@@ -343,7 +296,9 @@ class Experiment:
 
 
 #: Fields that may differ between a checkpoint and the run loading it (budget, reporting, execution).
-_NON_SCIENCE_FIELDS = {"max_steps", "report_every", "target_r2", "device", "fault", "eval_samples"}
+_NON_SCIENCE_FIELDS = {"max_steps", "report_every", "target_r2", "device", "eval_samples"}
+#: Fields that older checkpoints hold and RunConfig no longer has.
+_RETIRED_FIELDS = {"fault"}
 
 
 def _science_fields(config: RunConfig) -> dict[str, Any]:

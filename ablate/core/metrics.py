@@ -16,7 +16,6 @@ __all__ = [
     "iterations_to_target",
     "lambda_recovery",
     "linear_r2",
-    "loss_floor",
     "match_dimensions",
     "matched_lambda",
     "mcc",
@@ -122,15 +121,6 @@ def lambda_recovery(lambda_hat: Sequence[float] | Tensor, lambda_true: Sequence[
         "max_rel_error": float(rel.max()),
         "mean_rel_error": float(rel.mean()),
     }
-
-
-def loss_floor(loss: torch.nn.Module, z: Tensor, z_pos: Tensor, *args: Tensor) -> float:
-    """The loss evaluated on the true latents (ẑ = z), the global minimum the paper plots (Fig. 2C).
-
-    ``loss`` should already hold the true metric (e.g. ``AnInfoNCE(d, fixed=Λ)``).
-    """
-    with torch.no_grad():
-        return float(loss(z, z_pos, *args))
 
 
 def iterations_to_target(

@@ -57,8 +57,9 @@ __all__ = [
 GRID_DIR = shipped_dir(SEARCH_SPACES)
 DEFAULT_SCALE = "laptop"
 
-#: Keys of a trial's param dict that are not RunConfig fields.
-META_KEYS = ("grid", "scale", "variant", "point")
+#: Keys of a trial's param dict that are not RunConfig fields (``fault``: the Trainable's test-only fault hook,
+#: see ablate.service.trainable.FaultSpec; set from Python, never from a grid file).
+META_KEYS = ("grid", "scale", "variant", "point", "fault")
 
 
 class GridError(ValueError):
@@ -216,7 +217,7 @@ def config_from_params(params: dict[str, Any], source: str = "trial") -> RunConf
     values = {k: v for k, v in params.items() if k not in META_KEYS}
     variant = params.get("variant")
     if isinstance(variant, dict):
-        values.update({k: v for k, v in variant.items() if k != "name"})
+        values.update({k: v for k, v in variant.items() if k not in ("name", "fault")})
     return RunConfig.build(values, source)
 
 

@@ -109,10 +109,12 @@ class Spec(BaseModel):
         return data
 
 
-def parse_spec(model: type[BaseModel], data: dict[str, Any], source: str | os.PathLike, error: type[Exception]):
-    """Validate ``data`` with ``model``; any problem raises ``error`` naming ``source`` and the key."""
+def parse_spec(model: type[BaseModel], data: dict[str, Any], source: str | os.PathLike, error: type[Exception],
+               context: dict[str, Any] | None = None):
+    """Validate ``data`` with ``model`` (``context`` reaches its validators); any problem raises ``error``
+    naming ``source`` and the key."""
     try:
-        return model.model_validate(data)
+        return model.model_validate(data, context=context)
     except ValidationError as exc:
         raise spec_error(exc, source, error) from None
 

@@ -14,13 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from pydantic import BaseModel, ConfigDict, Field
 from ray import tune
 
 from ablate.core.experiment import Experiment
 from ablate.rundir import atomic_write
 from ablate.service.grids import config_from_params
 
-__all__ = ["AblateTrainable", "CHECKPOINT_FILE", "InjectedFault", "load_state", "write_checkpoint"]
+__all__ = ["AblateTrainable", "CHECKPOINT_FILE", "FaultSpec", "InjectedFault", "load_state", "write_checkpoint"]
 
 _log = logging.getLogger("ablate.service.trainable")
 
@@ -30,7 +31,26 @@ _FAULT_COUNTER = "ablate_faults_fired"
 
 
 class InjectedFault(RuntimeError):
-    """Raised by the test-only ``fault`` setting."""
+    """Raised by the test-only fault hook (:class:`FaultSpec`)."""
+
+
+class FaultSpec(BaseModel):
+    """Test-only fault injection: raise once the trial passes ``at_step``, ``times`` times per trial.
+
+    Not a RunConfig field: a test puts it under the trial param key ``fault`` (in the grid's base or in a
+    variant, from Python; grid files cannot set it) and only this Trainable reads it.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    at_step: int = Field(ge=1, description="raise when training passes this step")
+    times: int = Field(default=1, ge=1, description="how many times (across retries) the fault fires")
+
+    @classmethod
+    def from_params(cls, params: dict[str, Any]) -> FaultSpec | None:
+        """The fault a trial's params ask for (its variant's wins), or None."""
+        variant = params.get("variant")
+        raw = variant.get("fault") if isinstance(variant, dict) and "fault" in variant else params.get("fault")
+        return None if raw is None else cls.model_validate(raw)
 
 
 def write_checkpoint(directory: str | os.PathLike, state: dict[str, Any], config: dict[str, Any]) -> None:
@@ -89,7 +109,7 @@ class AblateTrainable(tune.Trainable):
         return result
 
     def _maybe_inject_fault(self, n_steps: int) -> None:
-        fault = self.run_config.fault
+        fault = FaultSpec.from_params(self.params)
         if fault is None or not (self.experiment.step < fault.at_step <= self.experiment.step + n_steps):
             return
         counter = Path(self.logdir) / _FAULT_COUNTER
