@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -19,14 +20,15 @@ def ray_session():
     ray.shutdown()
 
 
-def run_logged(cmd: list[str], log_path, timeout: float = 300, env: dict | None = None) -> tuple[int, str]:
+def run_logged(cmd: list[str], log_path, timeout: float = 300, env: dict | None = None,
+               cwd=None) -> tuple[int, str]:
     """Run ``cmd`` with its output in a file (not a pipe: Ray's daemons may hold a pipe open after the
     driver exits) in its own process group, killed whole on time-out. Returns (exit code, output)."""
     import signal
     import subprocess
 
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd, start_new_session=True)
         try:
             code = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -35,3 +37,26 @@ def run_logged(cmd: list[str], log_path, timeout: float = 300, env: dict | None 
             code = -9
     with open(log_path) as log:
         return code, log.read()
+
+
+#: grid name → run directory, shared by tests/test_report.py and tests/test_browser.py within one pytest process.
+_RUNS: dict[str, Path] = {}
+
+
+def smoke_run(name: str, root: Path) -> Path:
+    """Run a grid at smoke scale once per test session through `ablate run … --report` (in-process)."""
+    if name not in _RUNS:
+        from ablate import cli
+
+        code = cli.main(["run", name, "--scale", "smoke", "--storage", str(root), "--verbose", "0", "--report"])
+        run_dir = root / f"{name}-smoke"
+        assert code == 0, f"smoke run of {name} failed (exit {code})"
+        _RUNS[name] = run_dir
+    return _RUNS[name]
+
+
+def runs_root(tmp_path_factory) -> Path:
+    """One folder for every smoke run of the session."""
+    root = tmp_path_factory.getbasetemp() / "report-smoke-runs"
+    root.mkdir(exist_ok=True)
+    return root

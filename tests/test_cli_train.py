@@ -68,3 +68,36 @@ def test_unknown_key_exits_non_zero_and_lists_allowed_keys():
     assert proc.returncode != 0
     assert "latent_dims" in proc.stderr and "allowed keys" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+#: Prints which heavy libraries got imported, after running `ablate train` (or a plain import) in-process.
+_PROBE = (
+    "import sys\n"
+    "{body}\n"
+    "heavy = sorted({{m.split('.')[0] for m in sys.modules}} & {{'ray', 'optuna', 'plotly'}})\n"
+    "print('HEAVY=' + ','.join(heavy))\n"
+)
+
+
+def _heavy_imports(body: str) -> str:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-c", _PROBE.format(body=body)], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout.strip().splitlines()[-1]
+
+
+def test_train_never_imports_ray_optuna_or_plotly():
+    body = ("from ablate.cli import main\n"
+            "assert main(['train', '--set', 'latent_dim=2', 'encoder_widths=[2]', 'batch_size=8', 'eval_samples=32',"
+            " 'report_every=2', 'generator_cond_samples=10', '--steps', '2']) == 0")
+    assert _heavy_imports(body) == "HEAVY="
+
+
+def test_import_ablate_and_its_public_api_stay_free_of_ray():
+    body = ("import ablate\n"
+            "assert ablate.Experiment and ablate.RunConfig and ablate.dgp and ablate.losses and ablate.metrics\n"
+            "assert ablate.load_grid('batch_vs_dim', 'smoke').n_trials == 4")
+    assert _heavy_imports(body) == "HEAVY="
+    # run_grid is public too; it reaches Ray only when called
+    assert _heavy_imports("import ablate\nassert callable(ablate.run_grid)") == "HEAVY="
