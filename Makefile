@@ -25,6 +25,7 @@ test: setup
 
 lint: setup
 	$(BIN)/ruff check ablate tests
+	$(BIN)/ruff format --check ablate tests
 
 clean:
 	rm -rf $(VENV)
