@@ -30,14 +30,18 @@ def _table(rows: list[dict[str, Any]]) -> str:
 def generator_line(stats: dict[str, float]) -> str:
     """One line on how hard g is to invert: threshold, per-layer condition numbers, linear R² of g alone."""
     layers = [v for k, v in sorted(stats.items()) if k.startswith("g_cond_layer_")]
-    return (f"g: layer condition numbers {', '.join(f'{c:.2f}' for c in layers)} "
-            f"(threshold {stats['g_cond_threshold']:.2f}); linear R² of z from g(z) {stats['g_linear_r2']:.3f}")
+    return (
+        f"g: layer condition numbers {', '.join(f'{c:.2f}' for c in layers)} "
+        f"(threshold {stats['g_cond_threshold']:.2f}); linear R² of z from g(z) {stats['g_linear_r2']:.3f}"
+    )
 
 
 def lambda_hat_line(lambda_hat: list[float], truth: list[float]) -> str:
     """Λ̂ sorted ascending beside the true Λ sorted ascending (blocks may permute, so compare sorted)."""
-    return (f"Λ̂ sorted [{' '.join(f'{v:.2f}' for v in sorted(lambda_hat))}]  "
-            f"true Λ sorted [{' '.join(f'{v:g}' for v in sorted(truth))}]")
+    return (
+        f"Λ̂ sorted [{' '.join(f'{v:.2f}' for v in sorted(lambda_hat))}]  "
+        f"true Λ sorted [{' '.join(f'{v:g}' for v in sorted(truth))}]"
+    )
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -52,8 +56,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     config = RunConfig.build(settings, "--preset/--set" if args.preset else "--set")
     steps = args.steps or config.max_steps
     exp = Experiment(config)
-    print(f"# ablate train: d={config.latent_dim} batch={config.batch_size} loss={config.loss} "
-          f"Λ={config.concentration} steps={steps} device={exp.device}", flush=True)
+    print(
+        f"# ablate train: d={config.latent_dim} batch={config.batch_size} loss={config.loss} "
+        f"Λ={config.concentration} steps={steps} device={exp.device}",
+        flush=True,
+    )
     print(f"# {generator_line(exp.generator_stats)}", flush=True)
     started = time.time()
     while exp.step < steps:
@@ -61,12 +68,17 @@ def cmd_train(args: argparse.Namespace) -> int:
         m = exp.train(n)
         m.update(exp.evaluate())
         blocks = " ".join(f"{k}={v:.3f}" for k, v in m.items() if k.startswith("r2_lambda_"))
-        print(f"step={m['step']} loss={m['loss']:.4f} r2={m['r2']:.4f} {blocks} mcc={m['mcc']:.3f} "
-              f"elapsed={time.time() - started:.1f}s", flush=True)
+        print(
+            f"step={m['step']} loss={m['loss']:.4f} r2={m['r2']:.4f} {blocks} mcc={m['mcc']:.3f} "
+            f"elapsed={time.time() - started:.1f}s",
+            flush=True,
+        )
         lam_hat = exp.lambda_hat()
         if lam_hat is not None and config.loss in ("aninfonce", "ensemble_aninfonce"):
-            print(f"    {lambda_hat_line(lam_hat.reshape(-1, config.latent_dim)[0].tolist(), config.lambda_true)}",
-                  flush=True)
+            print(
+                f"    {lambda_hat_line(lam_hat.reshape(-1, config.latent_dim)[0].tolist(), config.lambda_true)}",
+                flush=True,
+            )
     return 0
 
 
@@ -118,8 +130,13 @@ def cmd_show(args: argparse.Namespace) -> int:
         seen = set()
         for trial in grid.trials:
             cfg = trial.config
-            key = (cfg.latent_dim, cfg.generator_layers, cfg.effective_generator_seed, cfg.generator_cond_quantile,
-                   cfg.generator_cond_samples)
+            key = (
+                cfg.latent_dim,
+                cfg.generator_layers,
+                cfg.effective_generator_seed,
+                cfg.generator_cond_quantile,
+                cfg.generator_cond_samples,
+            )
             if key not in seen:
                 seen.add(key)
                 print(f"  d={key[0]} seed={key[2]}: {generator_line(generator_stats(cfg))}", flush=True)
@@ -149,17 +166,28 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"dashboard: {url or 'not available'}  ({auth_hint()})", flush=True)
 
     outcome = run_grid(
-        grid, storage=args.storage, name=args.name, address=args.address, cpus_per_trial=args.cpus_per_trial,
-        gpus_per_trial=args.gpus_per_trial, max_concurrent=args.max_concurrent, resume=args.resume,
-        keep_checkpoints=args.keep_checkpoints, max_failures=args.max_failures, tensorboard=args.tensorboard,
-        verbose=args.verbose, on_start=announce,
+        grid,
+        storage=args.storage,
+        name=args.name,
+        address=args.address,
+        cpus_per_trial=args.cpus_per_trial,
+        gpus_per_trial=args.gpus_per_trial,
+        max_concurrent=args.max_concurrent,
+        resume=args.resume,
+        keep_checkpoints=args.keep_checkpoints,
+        max_failures=args.max_failures,
+        tensorboard=args.tensorboard,
+        verbose=args.verbose,
+        on_start=announce,
     )
     rows = summary_rows(outcome)
     print(f"\nsummary ({len(rows)} trials, {outcome.wall_s:.1f} s):")
     print(_table(sorted(rows, key=lambda r: [str(r[k]) for k in grid.axis_names()])))
     if outcome.best_config:
-        print(f"\nbest configuration ({outcome.best_config['metric']}={outcome.best_config['value']}): "
-              f"{json.dumps(outcome.best_config['config'], default=str)}  (saved to {outcome.run_dir}/best_config.json)")
+        print(
+            f"\nbest configuration ({outcome.best_config['metric']}={outcome.best_config['value']}): "
+            f"{json.dumps(outcome.best_config['config'], default=str)}  (saved to {outcome.run_dir}/best_config.json)"
+        )
     print(f"\nrun directory: {outcome.run_dir}")
     if getattr(args, "report", False):
         from ablate.reports.report import write_report
@@ -204,7 +232,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     from ablate.rundir import is_remote
 
     run_dir = args.run_dir
-    out = args.out or (run_dir.rstrip("/") + "/results.csv" if is_remote(run_dir) else str(Path(run_dir) / "results.csv"))
+    out = args.out or (
+        run_dir.rstrip("/") + "/results.csv" if is_remote(run_dir) else str(Path(run_dir) / "results.csv")
+    )
     print(f"wrote {export_results(args.run_dir, out)}")
     return 0
 
@@ -245,8 +275,12 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("show", help="a grid's resolved settings and axes")
     s.add_argument("grid")
     s.add_argument("--scale", default="laptop", choices=["smoke", "laptop", "paper"])
-    s.add_argument("--no-generator", dest="generator", action="store_false",
-                   help="skip building each g of the grid (seconds per g at d >= 20) to print its condition numbers")
+    s.add_argument(
+        "--no-generator",
+        dest="generator",
+        action="store_false",
+        help="skip building each g of the grid (seconds per g at d >= 20) to print its condition numbers",
+    )
     s.set_defaults(func=cmd_show)
 
     r = sub.add_parser("run", help="run a grid through Ray Tune")
@@ -255,8 +289,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--storage", default="runs", help="folder or URI (s3://, gs://) holding runs (default: ./runs)")
     r.add_argument("--name", help="run name (default: <grid>-<scale>, or <grid>-<scale>-<preset>)")
     r.add_argument("--set", nargs="*", metavar="KEY=VALUE", help="override a setting for every trial")
-    r.add_argument("--preset", help="train every trial with a named preset (ablate/presets/*.yaml), e.g. fast; the "
-                                    "grid's axes and --set win over it")
+    r.add_argument(
+        "--preset",
+        help="train every trial with a named preset (ablate/presets/*.yaml), e.g. fast; the "
+        "grid's axes and --set win over it",
+    )
     r.add_argument("--address", help="join an existing Ray cluster: auto or ray://host:10001")
     r.add_argument("--cpus-per-trial", type=float, default=1)
     r.add_argument("--gpus-per-trial", type=float, default=0, help="fractions pack trials onto one GPU")
@@ -276,8 +313,14 @@ def build_parser() -> argparse.ArgumentParser:
     rp = sub.add_parser("report", help="an offline HTML report of a run (finished or in progress)")
     rp.add_argument("run_dir")
     rp.add_argument("--out", help="HTML file to write (default: RUN_DIR/report.html)")
-    rp.add_argument("--watch", nargs="?", type=float, const=10.0, metavar="SECONDS",
-                    help="rewrite the report every SECONDS (default 10) until every trial finished")
+    rp.add_argument(
+        "--watch",
+        nargs="?",
+        type=float,
+        const=10.0,
+        metavar="SECONDS",
+        help="rewrite the report every SECONDS (default 10) until every trial finished",
+    )
     rp.add_argument("--dashboard", help="a dashboard spec YAML (default: ablate/dashboards/<grid>.yaml)")
     rp.set_defaults(func=cmd_report)
 

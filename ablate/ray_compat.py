@@ -65,9 +65,11 @@ def parse_experiment_state(text: str) -> dict[str, dict[str, Any]]:
             meta = json.loads(entry[1]) if len(entry) > 1 else {}
         except (TypeError, IndexError, json.JSONDecodeError):
             continue
-        out[info["trial_id"]] = {"status": info.get("status", "UNKNOWN"),
-                                 "params": info.get("evaluated_params", {}),
-                                 "failures": meta.get("num_failures", 0)}
+        out[info["trial_id"]] = {
+            "status": info.get("status", "UNKNOWN"),
+            "params": info.get("evaluated_params", {}),
+            "failures": meta.get("num_failures", 0),
+        }
     return out
 
 

@@ -162,8 +162,11 @@ class RunReader:
             root = Path(self.root)
             if not root.is_dir():
                 return []
-            return sorted(p.name for p in root.iterdir()
-                          if (p.is_dir() if directories else p.is_file()) and p.name.startswith(prefix))
+            return sorted(
+                p.name
+                for p in root.iterdir()
+                if (p.is_dir() if directories else p.is_file()) and p.name.startswith(prefix)
+            )
         import pyarrow.fs as pafs
 
         kind = pafs.FileType.Directory if directories else pafs.FileType.File
@@ -186,8 +189,9 @@ class RunReader:
         """The run marker; refuses a directory ablate did not write."""
         text = self.read_text(RUN_MARKER)
         if text is None:
-            raise RunError(f"{self.uri}: not an ablate run directory (no {RUN_MARKER}); "
-                           "ablate reads only runs it wrote itself")
+            raise RunError(
+                f"{self.uri}: not an ablate run directory (no {RUN_MARKER}); ablate reads only runs it wrote itself"
+            )
         try:
             info = json.loads(text)
         except json.JSONDecodeError as exc:

@@ -20,8 +20,7 @@ def ray_session():
     ray.shutdown()
 
 
-def run_logged(cmd: list[str], log_path, timeout: float = 300, env: dict | None = None,
-               cwd=None) -> tuple[int, str]:
+def run_logged(cmd: list[str], log_path, timeout: float = 300, env: dict | None = None, cwd=None) -> tuple[int, str]:
     """Run ``cmd`` with its output in a file (not a pipe: Ray's daemons may hold a pipe open after the
     driver exits) in its own process group, killed whole on time-out. Returns (exit code, output)."""
     import signal

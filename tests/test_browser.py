@@ -24,9 +24,17 @@ from ablate.service.grids import known_grids
 
 pytestmark = pytest.mark.slow
 
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync", "--no-first-run", "--hide-scrollbars",
-                  "--virtual-time-budget=10000"]
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--hide-scrollbars",
+    "--virtual-time-budget=10000",
+]
 
 
 @pytest.fixture(scope="module")
@@ -64,9 +72,14 @@ def render_status(binary: str, page: Path, tmp: Path, png: Path | None = None) -
     attrs = {k: html.unescape(v) for k, v in re.findall(r'data-([a-z]+)="([^"]*)"', m.group(1))}
     if png is not None:
         assert png.is_file() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", "no screenshot written"
-    return {"expected": int(attrs["expected"]), "plots": int(attrs["plots"]), "rendered": int(attrs["rendered"]),
-            "errors": json.loads(attrs["errors"]), "dom_plots": len(re.findall(r'class="[^"]*js-plotly-plot', dom)),
-            "dom_svgs": dom.count('class="main-svg"')}
+    return {
+        "expected": int(attrs["expected"]),
+        "plots": int(attrs["plots"]),
+        "rendered": int(attrs["rendered"]),
+        "errors": json.loads(attrs["errors"]),
+        "dom_plots": len(re.findall(r'class="[^"]*js-plotly-plot', dom)),
+        "dom_svgs": dom.count('class="main-svg"'),
+    }
 
 
 @pytest.mark.parametrize("name", sorted(known_grids()))
@@ -94,6 +107,6 @@ def test_the_render_check_sees_javascript_errors(chromium, ray_session, tmp_path
     assert any("ablate-test-boom" in e for e in status["errors"]), status
     start = text.index("/**\n* plotly.js v")  # the inline bundle's banner
     stripped = tmp_path / "no-plotly.html"
-    stripped.write_text(text[:start] + "window.Plotly = undefined;" + text[text.index("</script>", start):])
+    stripped.write_text(text[:start] + "window.Plotly = undefined;" + text[text.index("</script>", start) :])
     status = render_status(chromium, stripped, tmp_path)
     assert status["errors"] and status["rendered"] == 0, status

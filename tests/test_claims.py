@@ -19,8 +19,16 @@ def table(trials: list[dict], grid: str = "") -> pd.DataFrame:
     rows = []
     for t in trials:
         for i, rep in enumerate(t["reports"], start=1):
-            rows.append({"trial_id": t["id"], "status": "TERMINATED", **t.get("axes", {}), "seed": t.get("seed", 0),
-                         "training_iteration": i, **rep})
+            rows.append(
+                {
+                    "trial_id": t["id"],
+                    "status": "TERMINATED",
+                    **t.get("axes", {}),
+                    "seed": t.get("seed", 0),
+                    "training_iteration": i,
+                    **rep,
+                }
+            )
     df = pd.DataFrame(rows)
     df.attrs.update({"grid": grid, "scale": "test"})
     return df
@@ -61,8 +69,13 @@ def _anisotropy(an_style: float) -> tuple[pd.DataFrame, RunContext]:
         for variant, style, content in (("infonce", inf_style, 0.95), ("aninfonce", an_style, 0.97)):
             tid = f"{variant}{lam2}"
             metrics = {"r2_lambda_5": style} if lam2 == 5 else {"r2_lambda_5": style, f"r2_lambda_{lam2}": content}
-            trials.append({"id": tid, "axes": {"concentration": f"5/{lam2}", "variant": variant},
-                           "reports": final(r2=style, **metrics)})
+            trials.append(
+                {
+                    "id": tid,
+                    "axes": {"concentration": f"5/{lam2}", "variant": variant},
+                    "reports": final(r2=style, **metrics),
+                }
+            )
             configs[tid] = RunConfig(concentration=f"5/{lam2}", loss=variant)
     df = table(trials, "anisotropy")
     return df, ctx_for(df, ["concentration", "variant"], configs)
@@ -86,8 +99,14 @@ def _bimodal(content_first: bool, with_lambda: bool = True) -> pd.DataFrame:
         reports = []
         for step, (early, late) in zip((100, 200, 300), ((0.6, 0.3), (0.95, 0.8), (0.999, 0.995))):
             content, style = (early, late) if content_first else (late, early)
-            rep = {"step": step, "r2": (content + style) / 2, "r2_lambda_5": style, "r2_lambda_25": content,
-                   "eval_loss": 3.03, "loss_floor": 3.0}
+            rep = {
+                "step": step,
+                "r2": (content + style) / 2,
+                "r2_lambda_5": style,
+                "r2_lambda_25": content,
+                "eval_loss": 3.03,
+                "loss_floor": 3.0,
+            }
             if with_lambda:
                 rep["lambda_max_rel_error"] = 0.1
             reports.append(rep)
@@ -119,9 +138,14 @@ def test_claim2_missing_metric_is_not_measured_never_a_pass():
 def _linear(an: float, inf: float, rho: float | None = None) -> pd.DataFrame:
     lam = {f"r2_lambda_{v}": 0.5 for v in range(5, 51, 5)}
     extra = {} if rho is None else {"lambda_rank_corr": rho}
-    trials = [{"id": v, "axes": {"concentration": "linspace 5..50", "variant": v},
-               "reports": final(r2=r, **lam, **(extra if v == "aninfonce" else {}))}
-              for v, r in (("aninfonce", an), ("infonce", inf))]
+    trials = [
+        {
+            "id": v,
+            "axes": {"concentration": "linspace 5..50", "variant": v},
+            "reports": final(r2=r, **lam, **(extra if v == "aninfonce" else {})),
+        }
+        for v, r in (("aninfonce", an), ("infonce", inf))
+    ]
     return table(trials, "linear_lambda")
 
 
@@ -150,8 +174,9 @@ def _batch_vs_dim(trend: int) -> pd.DataFrame:
     for d in (4, 8, 16):
         for b in (64, 1024):
             top = 0.95 - trend * 0.02 * d + trend * 0.00002 * b
-            curve = [{"step": s, "r2": top * f} for s, f in ((100, 0.5 + 0.02 * (16 - d) * trend), (200, 0.9),
-                                                            (300, 1.0))]
+            curve = [
+                {"step": s, "r2": top * f} for s, f in ((100, 0.5 + 0.02 * (16 - d) * trend), (200, 0.9), (300, 1.0))
+            ]
             trials.append({"id": f"{d}-{b}", "axes": {"batch_size": b, "latent_dim": d}, "reports": curve})
     return table(trials, "batch_vs_dim")
 
@@ -171,8 +196,10 @@ def test_claim4_fails_with_reversed_signs():
 
 # --------------------------------------------------------------------------- claim 5
 def _batch_vs_lambda(r2: dict[tuple[int, int], float]) -> pd.DataFrame:
-    trials = [{"id": f"{b}-{lam}", "axes": {"batch_size": b, "concentration": lam}, "reports": final(r2=v)}
-              for (b, lam), v in r2.items()]
+    trials = [
+        {"id": f"{b}-{lam}", "axes": {"batch_size": b, "concentration": lam}, "reports": final(r2=v)}
+        for (b, lam), v in r2.items()
+    ]
     return table(trials, "batch_vs_lambda")
 
 
@@ -191,17 +218,32 @@ def test_claim5_larger_lambda_needs_larger_batch():
 # --------------------------------------------------------------------------- claim 6
 def _hard_negatives(best_fixed: float, ft: float) -> tuple[pd.DataFrame, RunContext]:
     trials, configs = [], {}
-    base = {"loss": "aninfonce", "latent_dim": 20, "concentration": 150, "negative_concentration": 100,
-            "n_hard_negatives": 3}
+    base = {
+        "loss": "aninfonce",
+        "latent_dim": 20,
+        "concentration": 150,
+        "negative_concentration": 100,
+        "n_hard_negatives": 3,
+    }
     for fixed in (25.0, 50.0, 100.0, 150.0):
         tid = f"hn{fixed:g}"
         loss = 1.0 + abs(fixed - best_fixed) / 100
-        trials.append({"id": tid, "axes": {"fixed_lambda_hat": fixed, "variant": "hn_only"},
-                       "reports": final(r2=0.5, eval_loss=loss)})
+        trials.append(
+            {
+                "id": tid,
+                "axes": {"fixed_lambda_hat": fixed, "variant": "hn_only"},
+                "reports": final(r2=0.5, eval_loss=loss),
+            }
+        )
         configs[tid] = RunConfig(**base, fixed_lambda_hat=fixed, batch_negatives=False)
     for variant, r2 in (("finetune_hn", ft), ("continue_plain", 0.6)):
-        trials.append({"id": variant, "axes": {"fixed_lambda_hat": None, "variant": variant},
-                       "reports": final(r2=r2, eval_loss=1.0)})
+        trials.append(
+            {
+                "id": variant,
+                "axes": {"fixed_lambda_hat": None, "variant": variant},
+                "reports": final(r2=r2, eval_loss=1.0),
+            }
+        )
     df = table(trials, "hard_negatives")
     return df, ctx_for(df, ["fixed_lambda_hat", "variant"], configs)
 
@@ -226,21 +268,27 @@ def _variants(grid: str, values: dict, axis_values: dict | None = None) -> pd.Da
 
 
 def test_claim7_ensemble_ordering():
-    df = _variants("ensemble", {v: {"step": 1, "r2": r} for v, r in
-                                (("infonce", 0.48), ("aninfonce", 0.93), ("ensemble", 0.98))})
+    df = _variants(
+        "ensemble", {v: {"step": 1, "r2": r} for v, r in (("infonce", 0.48), ("aninfonce", 0.93), ("ensemble", 0.98))}
+    )
     assert claims.claim_ensemble(df, ctx_for(df, ["variant"])).status == "PASS"
-    df = _variants("ensemble", {v: {"step": 1, "r2": r} for v, r in
-                                (("infonce", 0.48), ("aninfonce", 0.98), ("ensemble", 0.93))})
+    df = _variants(
+        "ensemble", {v: {"step": 1, "r2": r} for v, r in (("infonce", 0.48), ("aninfonce", 0.98), ("ensemble", 0.93))}
+    )
     assert claims.claim_ensemble(df, ctx_for(df, ["variant"])).status == "FAIL"
 
 
 def test_claim8_tricl_gap_largest_when_anisotropic():
     def run(iso_gap: float, aniso_gap: float) -> claims.ClaimResult:
-        df = _variants("tricl", {
-            ("aninfonce", "100"): {"step": 1, "r2": 0.6 + iso_gap, "r2_lambda_100": 0.6 + iso_gap},
-            ("tricl", "100"): {"step": 1, "r2": 0.6, "r2_lambda_100": 0.6},
-            ("aninfonce", "15/250"): {"step": 1, "r2": 0.5 + aniso_gap, "r2_lambda_15": 0.5, "r2_lambda_250": 0.9},
-            ("tricl", "15/250"): {"step": 1, "r2": 0.5, "r2_lambda_15": 0.1, "r2_lambda_250": 0.9}})
+        df = _variants(
+            "tricl",
+            {
+                ("aninfonce", "100"): {"step": 1, "r2": 0.6 + iso_gap, "r2_lambda_100": 0.6 + iso_gap},
+                ("tricl", "100"): {"step": 1, "r2": 0.6, "r2_lambda_100": 0.6},
+                ("aninfonce", "15/250"): {"step": 1, "r2": 0.5 + aniso_gap, "r2_lambda_15": 0.5, "r2_lambda_250": 0.9},
+                ("tricl", "15/250"): {"step": 1, "r2": 0.5, "r2_lambda_15": 0.1, "r2_lambda_250": 0.9},
+            },
+        )
         return claims.claim_tricl(df, ctx_for(df, ["concentration", "variant"]))
 
     assert run(0.1, 0.4).status == "PASS"
@@ -288,6 +336,8 @@ def test_evaluate_run_on_a_real_smoke_run(ray_session, tmp_path, capsys):
 
 def test_the_command_of_a_preset_run_names_the_preset_and_its_run_directory():
     assert claims.command("bimodal_dynamics", "laptop") == (
-        "ablate run bimodal_dynamics --scale laptop && ablate report runs/bimodal_dynamics-laptop")
+        "ablate run bimodal_dynamics --scale laptop && ablate report runs/bimodal_dynamics-laptop"
+    )
     assert claims.command("bimodal_dynamics", "laptop", "fast") == (
-        "ablate run bimodal_dynamics --scale laptop --preset fast && ablate report runs/bimodal_dynamics-laptop-fast")
+        "ablate run bimodal_dynamics --scale laptop --preset fast && ablate report runs/bimodal_dynamics-laptop-fast"
+    )

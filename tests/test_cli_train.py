@@ -47,8 +47,10 @@ def test_train_prints_one_line_per_report():
         assert "mcc=" in line, line
     assert "d=4" in proc.stdout and "batch=64" in proc.stdout
     # g's difficulty once, Λ̂ (sorted, beside the sorted truth) at every report
-    assert re.search(r"g: layer condition numbers [\d.]+, [\d.]+, [\d.]+ \(threshold [\d.]+\); linear R² of z from g\(z\) [\d.]+",
-                     proc.stdout), proc.stdout
+    assert re.search(
+        r"g: layer condition numbers [\d.]+, [\d.]+, [\d.]+ \(threshold [\d.]+\); linear R² of z from g\(z\) [\d.]+",
+        proc.stdout,
+    ), proc.stdout
     lam_lines = [line for line in proc.stdout.splitlines() if "Λ̂ sorted" in line]
     assert len(lam_lines) == 2 and "true Λ sorted [5 5 25 25]" in lam_lines[0], proc.stdout
     assert "Traceback" not in proc.stderr
@@ -81,23 +83,28 @@ _PROBE = (
 
 def _heavy_imports(body: str) -> str:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-c", _PROBE.format(body=body)], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", _PROBE.format(body=body)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout.strip().splitlines()[-1]
 
 
 def test_train_never_imports_ray_optuna_or_plotly():
-    body = ("from ablate.cli import main\n"
-            "assert main(['train', '--set', 'latent_dim=2', 'encoder_widths=[2]', 'batch_size=8', 'eval_samples=32',"
-            " 'report_every=2', 'generator_cond_samples=10', '--steps', '2']) == 0")
+    body = (
+        "from ablate.cli import main\n"
+        "assert main(['train', '--set', 'latent_dim=2', 'encoder_widths=[2]', 'batch_size=8', 'eval_samples=32',"
+        " 'report_every=2', 'generator_cond_samples=10', '--steps', '2']) == 0"
+    )
     assert _heavy_imports(body) == "HEAVY="
 
 
 def test_import_ablate_and_its_public_api_stay_free_of_ray():
-    body = ("import ablate\n"
-            "assert ablate.Experiment and ablate.RunConfig and ablate.dgp and ablate.losses and ablate.metrics\n"
-            "assert ablate.load_grid('batch_vs_dim', 'smoke').n_trials == 4")
+    body = (
+        "import ablate\n"
+        "assert ablate.Experiment and ablate.RunConfig and ablate.dgp and ablate.losses and ablate.metrics\n"
+        "assert ablate.load_grid('batch_vs_dim', 'smoke').n_trials == 4"
+    )
     assert _heavy_imports(body) == "HEAVY="
     # run_grid is public too; it reaches Ray only when called
     assert _heavy_imports("import ablate\nassert callable(ablate.run_grid)") == "HEAVY="

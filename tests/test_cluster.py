@@ -30,11 +30,24 @@ def ray_head():
     ray_bin = Path(sys.executable).with_name("ray")
     port = _free_port()
     temp_dir = tempfile.mkdtemp(prefix="rh", dir="/tmp")  # short: Ray's socket paths have a length limit
-    cmd = [str(ray_bin), "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(port),
-           "--num-cpus", "2", "--include-dashboard", "false", "--disable-usage-stats", "--temp-dir", temp_dir,
-           "--block"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    cmd = [
+        str(ray_bin),
+        "start",
+        "--head",
+        "--node-ip-address",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--num-cpus",
+        "2",
+        "--include-dashboard",
+        "false",
+        "--disable-usage-stats",
+        "--temp-dir",
+        temp_dir,
+        "--block",
+    ]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     deadline = time.time() + 90
     for line in proc.stdout:
         if "Ray runtime started" in line:
@@ -51,8 +64,19 @@ def ray_head():
 
 
 def test_run_joins_an_existing_cluster(ray_head, tmp_path):
-    cmd = [sys.executable, "-m", "ablate.cli", "run", "batch_vs_dim", "--scale", "smoke", "--storage",
-           str(tmp_path), "--address", ray_head]
+    cmd = [
+        sys.executable,
+        "-m",
+        "ablate.cli",
+        "run",
+        "batch_vs_dim",
+        "--scale",
+        "smoke",
+        "--storage",
+        str(tmp_path),
+        "--address",
+        ray_head,
+    ]
     code, out = run_logged(cmd, tmp_path / "run.log")
     assert code == 0, out[-3000:]
     assert "summary (4 trials" in out

@@ -232,9 +232,19 @@ def test_true_latent_loss_over_fixed_lambda_is_lowest_at_positive_minus_negative
     latents at a fixed isotropic Λ̂ is lowest at Λ⁺ − Λ⁻ = 50 (Λ⁺ = 150, Λ⁻ = 100, d = 20)."""
     losses = {}
     for lam in (25.0, 50.0, 100.0):
-        config = RunConfig(latent_dim=20, concentration=150.0, negative_concentration=100.0, n_hard_negatives=16,
-                           hard_negatives_from_step=0, batch_negatives=False, fixed_lambda_hat=lam,
-                           batch_size=2000, encoder_widths=[1], eval_samples=64, generator_cond_samples=100)
+        config = RunConfig(
+            latent_dim=20,
+            concentration=150.0,
+            negative_concentration=100.0,
+            n_hard_negatives=16,
+            hard_negatives_from_step=0,
+            batch_negatives=False,
+            fixed_lambda_hat=lam,
+            batch_size=2000,
+            encoder_widths=[1],
+            eval_samples=64,
+            generator_cond_samples=100,
+        )
         losses[lam] = Experiment(config).evaluate()["true_latent_loss"]
     assert min(losses, key=losses.get) == 50.0, losses
 

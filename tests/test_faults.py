@@ -27,8 +27,9 @@ def _rows(outcome):
 
 def test_trial_that_raises_is_retried_from_its_checkpoint(ray_session, tmp_path):
     clean = run_grid(_one_trial_grid(), storage=str(tmp_path), name="clean", verbose=0)
-    faulty = run_grid(_one_trial_grid(fault={"at_step": 12, "times": 1}), storage=str(tmp_path), name="faulty",
-                      verbose=0)
+    faulty = run_grid(
+        _one_trial_grid(fault={"at_step": 12, "times": 1}), storage=str(tmp_path), name="faulty", verbose=0
+    )
     assert not clean.failed and not faulty.failed, [t.error for t in faulty.failed]
     clean_rows, faulty_rows = _rows(clean), _rows(faulty)
     assert [r["step"] for r in faulty_rows] == [5, 10, 15, 20, 25], "no duplicated or missing iterations"
@@ -82,8 +83,10 @@ def test_resume_refusals(tmp_path, capsys):
     foreign = tmp_path / "foreign"
     foreign.mkdir()
     (foreign / "experiment_state-x.json").write_text("{}")
-    assert cli.main(["run", "batch_vs_dim", "--scale", "smoke", "--storage", storage, "--name", "foreign",
-                     "--resume"]) == 2
+    assert (
+        cli.main(["run", "batch_vs_dim", "--scale", "smoke", "--storage", storage, "--name", "foreign", "--resume"])
+        == 2
+    )
     assert "not an ablate run directory" in capsys.readouterr().err
     assert cli.main(["status", str(foreign)]) == 2
     assert "not an ablate run directory" in capsys.readouterr().err

@@ -58,7 +58,9 @@ def test_condition_threshold_is_the_order_statistic_of_its_pool():
     for q in (0.0, 0.25):
         t = condition_threshold(d, n_samples=n, quantile=q, generator=gen(7))
         assert abs(t - float(conds[int(n * q)])) < 1e-8 * t
-    assert condition_threshold(d, n_samples=n, quantile=0.0, generator=gen(7)) == pytest.approx(float(conds.min()), rel=1e-8)
+    assert condition_threshold(d, n_samples=n, quantile=0.0, generator=gen(7)) == pytest.approx(
+        float(conds.min()), rel=1e-8
+    )
     with pytest.raises(ValueError, match="cond_quantile"):
         condition_threshold(d, n_samples=n, quantile=1.0, generator=gen(7))
 
@@ -83,12 +85,19 @@ def test_default_g_at_d10_is_as_well_conditioned_as_the_papers():
     what the helper's default (quantile 0.25: ≈ 16) gives.
     """
     cfg = RunConfig()
-    g = build_generator(10, n_layers=cfg.generator_layers, seed=0, cond_quantile=cfg.generator_cond_quantile,
-                        n_cond_samples=cfg.generator_cond_samples)
+    g = build_generator(
+        10,
+        n_layers=cfg.generator_layers,
+        seed=0,
+        cond_quantile=cfg.generator_cond_quantile,
+        n_cond_samples=cfg.generator_cond_samples,
+    )
     fresh = torch.cat([condition_numbers(_draws(5000, 10, seed)) for seed in range(500, 505)]).sort().values
     assert fresh.numel() == 25_000
     conds = [float(torch.linalg.cond(layer.weight.double())) for layer in g.layers]
-    assert max(conds) < float(fresh[9]), f"layer condition numbers {conds} vs a fresh pool's 10th smallest {float(fresh[9]):.3f}"
+    assert max(conds) < float(fresh[9]), (
+        f"layer condition numbers {conds} vs a fresh pool's 10th smallest {float(fresh[9]):.3f}"
+    )
     assert max(conds) <= g.info.threshold * (1 + 1e-5)
     assert g.info.threshold < float(fresh[9]) and g.info.threshold > 3.0  # ≈ 3.6-4 at d = 10
     assert g.info.layer_conditions == pytest.approx(conds, rel=1e-5)
@@ -216,6 +225,7 @@ def test_an_extreme_pool_minimum_starts_g_over_with_a_fresh_pool():
     assert any(i.pools > 1 for i in infos), [i.pools for i in infos]
     for info in infos:
         assert max(info.layer_conditions) <= info.threshold
-    again = build_generator(3, seed=next(s for s, i in enumerate(infos) if i.pools > 1), n_cond_samples=50,
-                            redraw_factor=1)
+    again = build_generator(
+        3, seed=next(s for s, i in enumerate(infos) if i.pools > 1), n_cond_samples=50, redraw_factor=1
+    )
     assert again.info in infos, "the restart is deterministic"

@@ -52,13 +52,23 @@ def test_gpu_check_without_cuda_skips_every_part_and_needs_no_ray(tmp_path):
         "print('RAY_IMPORTED' if any(m.split('.')[0] in ('ray', 'optuna', 'plotly') for m in sys.modules) else 'NO_RAY');"
         "sys.exit(rc)"
     )
-    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300, env={"CUDA_VISIBLE_DEVICES": "", "PATH": "/usr/bin:/bin"})
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"CUDA_VISIBLE_DEVICES": "", "PATH": "/usr/bin:/bin"},
+    )
     assert proc.returncode == 0, proc.stderr
     if torch.cuda.is_available():  # pragma: no cover - CI has no GPU
         pytest.skip("a CUDA device is present")
-    for part in ("the GPU's matmul limit", "the training step", "packing trials on one GPU",
-                 "the science at GPU speed"):
+    for part in (
+        "the GPU's matmul limit",
+        "the training step",
+        "packing trials on one GPU",
+        "the science at GPU speed",
+    ):
         assert f"no CUDA device: skipping {part}" in proc.stdout
     assert "NO_RAY" in proc.stdout
     assert (tmp_path / "gpu_check.md").read_text().startswith("# ablate GPU check: no CUDA device")

@@ -375,8 +375,9 @@ def test_pair_cross_entropy_matches_autograd_on_full_logits(block_rows, column_c
 
 def test_losses_take_the_fused_path_only_with_gradients_and_agree_with_the_plain_one():
     g = torch.Generator().manual_seed(9)
-    h1, h2 = (torch.nn.functional.normalize(torch.randn(6, 4, generator=g, dtype=torch.float64), dim=1)
-              for _ in range(2))
+    h1, h2 = (
+        torch.nn.functional.normalize(torch.randn(6, 4, generator=g, dtype=torch.float64), dim=1) for _ in range(2)
+    )
     for loss in (AnInfoNCE(4, generator=torch.Generator().manual_seed(1)).double(), InfoNCE(0.3)):
         with torch.no_grad():
             plain = loss(h1, h2)

@@ -194,7 +194,6 @@ def _true_latent_loss(loss, z, z_pos) -> float:
         return float(loss.batch_loss([(z, z_pos)]))
 
 
-
 @pytest.mark.parametrize(("lam", "d"), [([50.0] * 3 + [200.0] * 3, 6), ([5.0] * 5 + [25.0] * 5, 10)])
 def test_loss_floor_is_lowest_at_the_true_metric(lam, d):
     # AnInfoNCE on the true latents with Λ̂ = Λ vs a wrong Λ̂ (Λ/4, Λ/2, 2Λ, 4Λ), B=1000 (2000 anchors).

@@ -13,21 +13,37 @@ from ablate.service.presets import PresetError, known_presets, load_preset
 def test_the_shipped_fast_preset_is_valid_and_changes_only_how_trials_train():
     assert "fast" in known_presets()
     preset = load_preset("fast")
-    science = {"latent_dim", "concentration", "loss", "conditional", "kappa", "threshold", "negative_concentration",
-               "n_hard_negatives", "ensemble", "generator_layers", "generator_seed", "seed", "fixed_lambda_hat"}
+    science = {
+        "latent_dim",
+        "concentration",
+        "loss",
+        "conditional",
+        "kappa",
+        "threshold",
+        "negative_concentration",
+        "n_hard_negatives",
+        "ensemble",
+        "generator_layers",
+        "generator_seed",
+        "seed",
+        "fixed_lambda_hat",
+    }
     assert not science & set(preset.settings), "a preset must not change what a run studies"
     assert preset.measured.strip(), "the preset says what measurement backs it"
     config = RunConfig.build(preset.settings)
     assert config != RunConfig(), "the preset differs from the reference-faithful defaults"
 
 
-@pytest.mark.parametrize(("text", "message"), [
-    ("name: x\n", "settings: required"),
-    ("name: x\nsettings: {learning_rate: 1}\n", "settings.learning_rate: unknown setting"),
-    ("name: x\nsettings: {lr: -1}\n", "lr"),
-    ("name: x\nsettings: {lr: 1}\nextra: 1\n", "extra: unknown key"),
-    ("name: x\nsettings: [1, 2\n", "malformed YAML at line"),
-])
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("name: x\n", "settings: required"),
+        ("name: x\nsettings: {learning_rate: 1}\n", "settings.learning_rate: unknown setting"),
+        ("name: x\nsettings: {lr: -1}\n", "lr"),
+        ("name: x\nsettings: {lr: 1}\nextra: 1\n", "extra: unknown key"),
+        ("name: x\nsettings: [1, 2\n", "malformed YAML at line"),
+    ],
+)
 def test_bad_presets_name_the_file_and_key(tmp_path, text, message):
     path = tmp_path / "bad.yaml"
     path.write_text(text)
@@ -52,8 +68,21 @@ def test_grid_axes_win_over_a_preset_and_set_wins_over_both():
 
 
 def test_train_with_the_preset_and_set_on_top(capsys):
-    code = main(["train", "--preset", "fast", "--set", "latent_dim=2", "encoder_widths=[2,2]", "batch_size=16",
-                 "eval_samples=64", "report_every=2", "--steps", "2"])
+    code = main(
+        [
+            "train",
+            "--preset",
+            "fast",
+            "--set",
+            "latent_dim=2",
+            "encoder_widths=[2,2]",
+            "batch_size=16",
+            "eval_samples=64",
+            "report_every=2",
+            "--steps",
+            "2",
+        ]
+    )
     assert code == 0
     out = capsys.readouterr().out
     assert "batch=16" in out and "step=2" in out  # --set won over the preset's batch size

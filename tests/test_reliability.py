@@ -21,8 +21,24 @@ STEPS = 5 * REPORTS
 
 
 def _cmd(storage: Path, name: str, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "ablate.cli", "run", "batch_vs_dim", "--scale", "smoke", "--storage",
-            str(storage), "--name", name, "--max-concurrent", "1", "--set", f"max_steps={STEPS}", *extra]
+    return [
+        sys.executable,
+        "-m",
+        "ablate.cli",
+        "run",
+        "batch_vs_dim",
+        "--scale",
+        "smoke",
+        "--storage",
+        str(storage),
+        "--name",
+        name,
+        "--max-concurrent",
+        "1",
+        "--set",
+        f"max_steps={STEPS}",
+        *extra,
+    ]
 
 
 def _rows(run_dir: Path) -> dict[str, list[dict]]:
@@ -54,8 +70,9 @@ def _env() -> dict[str, str]:
 
 
 def _start(cmd: list[str]) -> subprocess.Popen:
-    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_env(),
-                            start_new_session=True)
+    return subprocess.Popen(
+        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_env(), start_new_session=True
+    )
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

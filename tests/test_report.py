@@ -47,6 +47,7 @@ COLUMNS = {
     "ensemble_bars": ["facet", "x", "mean", "std", "n_seeds", "paper"],
 }
 
+
 @pytest.fixture(scope="module")
 def bvd(ray_session, tmp_path_factory):
     """batch_vs_dim at smoke scale: 2 batch sizes × 2 latent dims, one seed, 2 reports per trial."""
@@ -107,8 +108,11 @@ def test_lambda_hat_and_block_panels_on_a_real_run(bvd):
     learned, true = hat[hat["kind"] == "learned"], hat[hat["kind"] == "true"]
     # one facet per grid point; d learned curves of 2 reports each; the true Λ = 75 dashed
     assert learned.groupby("facet")["dim"].nunique().to_dict() == {
-        "batch_size=16, latent_dim=3": 3, "batch_size=16, latent_dim=6": 6,
-        "batch_size=32, latent_dim=3": 3, "batch_size=32, latent_dim=6": 6}
+        "batch_size=16, latent_dim=3": 3,
+        "batch_size=16, latent_dim=6": 6,
+        "batch_size=32, latent_dim=3": 3,
+        "batch_size=32, latent_dim=6": 6,
+    }
     assert len(learned) == 2 * (3 + 6 + 3 + 6)
     assert set(true["value"]) == {75.0} and set(true["truth"]) == {"Λ"}
 
@@ -121,8 +125,12 @@ def test_lambda_hat_and_block_panels_on_a_real_run(bvd):
 
 def _synthetic(rows: list[dict], axes: list[str], configs: dict[str, dict]) -> tuple[pd.DataFrame, RunContext]:
     df = pd.DataFrame(rows)
-    ctx = RunContext(grid="synthetic", axes=axes, configs={k: RunConfig(**v) for k, v in configs.items()},
-                     paper_values={"r2": {"infonce": 0.48, "aninfonce": 0.93, "ensemble": 0.98}})
+    ctx = RunContext(
+        grid="synthetic",
+        axes=axes,
+        configs={k: RunConfig(**v) for k, v in configs.items()},
+        paper_values={"r2": {"infonce": 0.48, "aninfonce": 0.93, "ensemble": 0.98}},
+    )
     return df, ctx
 
 
@@ -130,12 +138,26 @@ def test_fixed_lambda_panel_marks_lambda_plus_minus_lambda_minus():
     rows, configs = [], {}
     for i, (fixed, seed) in enumerate([(f, s) for f in (10.0, 50.0, 150.0) for s in (0, 1)]):
         tid = f"t{i}"
-        configs[tid] = {"latent_dim": 4, "concentration": 150, "negative_concentration": 100, "n_hard_negatives": 3,
-                        "fixed_lambda_hat": fixed, "seed": seed}
+        configs[tid] = {
+            "latent_dim": 4,
+            "concentration": 150,
+            "negative_concentration": 100,
+            "n_hard_negatives": 3,
+            "fixed_lambda_hat": fixed,
+            "seed": seed,
+        }
         for it in (1, 2):
             loss = abs(fixed - 50) / 10 + it + seed  # minimum at Λ⁺ − Λ⁻ = 50
-            rows.append({"trial_id": tid, "training_iteration": it, "step": it * 5, "seed": seed,
-                         "fixed_lambda_hat": fixed, "eval_loss": loss})
+            rows.append(
+                {
+                    "trial_id": tid,
+                    "training_iteration": it,
+                    "step": it * 5,
+                    "seed": seed,
+                    "fixed_lambda_hat": fixed,
+                    "eval_loss": loss,
+                }
+            )
     df, ctx = _synthetic(rows, ["fixed_lambda_hat"], configs)
     data = panel_data(df, PanelSpec("loss_vs_fixed_lambda", "Fig. 10A"), ctx)
     assert list(data.columns) == COLUMNS["loss_vs_fixed_lambda"]
@@ -148,14 +170,17 @@ def test_fixed_lambda_panel_marks_lambda_plus_minus_lambda_minus():
 
 def test_ensemble_bars_carry_the_paper_values():
     rows, configs = [], {}
-    for i, (variant, seed, r2) in enumerate([("infonce", 0, 0.4), ("infonce", 1, 0.5), ("aninfonce", 0, 0.9),
-                                             ("ensemble", 0, 0.97)]):
+    for i, (variant, seed, r2) in enumerate(
+        [("infonce", 0, 0.4), ("infonce", 1, 0.5), ("aninfonce", 0, 0.9), ("ensemble", 0, 0.97)]
+    ):
         configs[f"t{i}"] = {"latent_dim": 4, "seed": seed}
-        rows.append({"trial_id": f"t{i}", "training_iteration": 1, "step": 5, "seed": seed, "variant": variant,
-                     "r2": r2})
+        rows.append(
+            {"trial_id": f"t{i}", "training_iteration": 1, "step": 5, "seed": seed, "variant": variant, "r2": r2}
+        )
     df, ctx = _synthetic(rows, ["variant"], configs)
-    spec = PanelSpec("ensemble_bars", "Fig. 11A", options={"paper_key": "r2",
-                                                            "order": ["infonce", "aninfonce", "ensemble"]})
+    spec = PanelSpec(
+        "ensemble_bars", "Fig. 11A", options={"paper_key": "r2", "order": ["infonce", "aninfonce", "ensemble"]}
+    )
     data = panel_data(df, spec, ctx)
     assert list(data.columns) == COLUMNS["ensemble_bars"]
     assert list(data["x"]) == ["infonce", "aninfonce", "ensemble"]
@@ -164,12 +189,24 @@ def test_ensemble_bars_carry_the_paper_values():
 
 
 def test_where_filter_picks_min_max_and_values():
-    df = pd.DataFrame({"trial_id": list("abcd"), "training_iteration": 1, "step": 5, "seed": 0,
-                       "batch_size": [16, 32, 64, 32], "latent_dim": [3, 3, 3, 6], "r2": [0.1, 0.2, 0.3, 0.4]})
+    df = pd.DataFrame(
+        {
+            "trial_id": list("abcd"),
+            "training_iteration": 1,
+            "step": 5,
+            "seed": 0,
+            "batch_size": [16, 32, 64, 32],
+            "latent_dim": [3, 3, 3, 6],
+            "r2": [0.1, 0.2, 0.3, 0.4],
+        }
+    )
     ctx = RunContext(axes=["batch_size", "latent_dim"])
     spec = PanelSpec("final_heatmap", "x", options={"x": "batch_size", "y": "latent_dim"})
-    for where, want in (({"batch_size": "max"}, {64}), ({"batch_size": "min"}, {16}), ({"batch_size": [16, 64]},
-                                                                                       {16, 64})):
+    for where, want in (
+        ({"batch_size": "max"}, {64}),
+        ({"batch_size": "min"}, {16}),
+        ({"batch_size": [16, 64]}, {16, 64}),
+    ):
         spec.where = where
         assert set(panel_data(df, spec, ctx)["x"]) == want
 
@@ -262,19 +299,34 @@ def test_watch_rewrites_until_every_trial_finished(bvd, tmp_path, monkeypatch):
 # ---------------------------------------------------------------------------------------- dashboard specs
 BAD_SPECS = {
     "unknown kind": ("panels:\n  - {kind: scatter3d, figure: Fig. 1}\n", "panels[0].kind", "unknown panel kind"),
-    "unknown key": ("panels:\n  - {kind: r2_curves, figure: Fig. 1, colour: batch_size}\n", "colour",
-                    "unknown key for r2_curves"),
+    "unknown key": (
+        "panels:\n  - {kind: r2_curves, figure: Fig. 1, colour: batch_size}\n",
+        "colour",
+        "unknown key for r2_curves",
+    ),
     "missing figure": ("panels:\n  - {kind: r2_curves}\n", "figure", "required"),
-    "not an axis": ("panels:\n  - {kind: final_heatmap, figure: F, x: batch_size, y: lambda}\n", ".y",
-                    "'lambda' is not an axis"),
+    "not an axis": (
+        "panels:\n  - {kind: final_heatmap, figure: F, x: batch_size, y: lambda}\n",
+        ".y",
+        "'lambda' is not an axis",
+    ),
     "missing option": ("panels:\n  - {kind: final_heatmap, figure: F, x: batch_size}\n", ".y", "required"),
-    "bad targets": ("panels:\n  - {kind: iterations_to_target, figure: F, x: latent_dim, targets: [0.5, 2]}\n",
-                    "targets", "(0, 1]"),
+    "bad targets": (
+        "panels:\n  - {kind: iterations_to_target, figure: F, x: latent_dim, targets: [0.5, 2]}\n",
+        "targets",
+        "(0, 1]",
+    ),
     "bad choice": ("panels:\n  - {kind: r2_curves, figure: F, x: epoch}\n", ".x", "allowed: step"),
-    "wrong type": ("panels:\n  - {kind: lambda_hat_curves, figure: F, max_facets: many}\n", "max_facets",
-                   "expected an integer"),
-    "same axis twice": ("panels:\n  - {kind: final_heatmap, figure: F, x: batch_size, y: batch_size}\n", ".y",
-                        "must differ from x"),
+    "wrong type": (
+        "panels:\n  - {kind: lambda_hat_curves, figure: F, max_facets: many}\n",
+        "max_facets",
+        "expected an integer",
+    ),
+    "same axis twice": (
+        "panels:\n  - {kind: final_heatmap, figure: F, x: batch_size, y: batch_size}\n",
+        ".y",
+        "must differ from x",
+    ),
     "bad where": ("panels:\n  - {kind: r2_curves, figure: F, where: {tau: 1}}\n", "where.tau", "not an axis"),
     "top-level key": ("panel: []\n", "panel:", "unknown key"),
     "no panels": ("panels: []\n", "panels", "non-empty list"),

@@ -91,11 +91,25 @@ def _trial_rows(run_dir: Path) -> dict[str, list[dict]]:
 def test_resume_after_driver_kill(tmp_path):
     """kill -9 the whole `ablate run` process group mid-grid, then --resume: finished trials are not rerun."""
     reports = 12
-    cmd = [sys.executable, "-m", "ablate.cli", "run", "batch_vs_dim", "--scale", "smoke", "--storage",
-           str(tmp_path), "--name", "r", "--max-concurrent", "1", "--set", f"max_steps={5 * reports}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "ablate.cli",
+        "run",
+        "batch_vs_dim",
+        "--scale",
+        "smoke",
+        "--storage",
+        str(tmp_path),
+        "--name",
+        "r",
+        "--max-concurrent",
+        "1",
+        "--set",
+        f"max_steps={5 * reports}",
+    ]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
-                            start_new_session=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True)
     run_dir = tmp_path / "r"
     deadline = time.time() + 240
     try:
@@ -114,8 +128,11 @@ def test_resume_after_driver_kill(tmp_path):
         proc.wait()
     before = _trial_rows(run_dir)
     finished = {k: len(v) for k, v in before.items() if len(v) >= reports}
-    checkpoints = {k: sorted(int(p.name.split("_")[1]) for p in (run_dir / k).glob("checkpoint_*"))
-                   for k, v in before.items() if len(v) < reports}
+    checkpoints = {
+        k: sorted(int(p.name.split("_")[1]) for p in (run_dir / k).glob("checkpoint_*"))
+        for k, v in before.items()
+        if len(v) < reports
+    }
 
     code, out = run_logged(cmd + ["--resume"], tmp_path / "resume.log", env=env)
     assert code == 0, out[-3000:]
@@ -127,7 +144,7 @@ def test_resume_after_driver_kill(tmp_path):
         steps = [r["step"] for r in after[k]]
         assert steps[-1] == 5 * reports
         if ckpts and len(before[k]) > 0:
-            resumed_rows = after[k][len(before[k]):]
+            resumed_rows = after[k][len(before[k]) :]
             # the first report after the resume continues from the last checkpoint, not from step 0
             assert resumed_rows[0]["step"] > 5, f"{k} restarted from scratch: {steps}"
             assert resumed_rows[0]["step"] <= before[k][-1]["step"] + 5, f"{k} skipped reports: {steps}"
@@ -149,11 +166,14 @@ BAD_GRIDS = {
     "reversed range": ("search: optuna\noptuna: {space: {lr: {uniform: [1, 0]}}}\n", "empty or reversed range"),
     "empty choice": ("search: optuna\noptuna: {space: {batch_size: {choice: []}}}\n", "non-empty list"),
     "unknown distribution": ("search: optuna\noptuna: {space: {lr: {normal: [0, 1]}}}\n", "optuna.space.lr"),
-    "time budget <= 0": ("search: optuna\noptuna: {space: {lr: {uniform: [0, 1]}}, time_budget_s: 0}\n",
-                         "optuna.time_budget_s: must be a number of seconds > 0"),
+    "time budget <= 0": (
+        "search: optuna\noptuna: {space: {lr: {uniform: [0, 1]}}, time_budget_s: 0}\n",
+        "optuna.time_budget_s: must be a number of seconds > 0",
+    ),
     "grace beyond the time budget": (
         "search: optuna\noptuna: {space: {lr: {uniform: [0, 1]}}, time_budget_s: 30, grace_period: 60}\n",
-        "optuna.grace_period: with time_budget_s it is in seconds"),
+        "optuna.grace_period: with time_budget_s it is in seconds",
+    ),
 }
 
 GOOD = """name: bad

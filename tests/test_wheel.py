@@ -25,7 +25,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 def _run(cmd: list[str], cwd: Path | None = None, env: dict | None = None) -> str:
     proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+    assert proc.returncode == 0, (
+        f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+    )
     return proc.stdout
 
 
@@ -39,8 +41,21 @@ def installed(tmp_path_factory) -> dict:
     for name in ("pyproject.toml", "README.md"):
         shutil.copy2(REPO / name, src / name)
     dist = root / "dist"
-    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q",
-          "-w", str(dist), str(src)])
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "-q",
+            "-w",
+            str(dist),
+            str(src),
+        ]
+    )
     wheel = next(dist.glob("ablate-*.whl"))
     venv = root / "venv"
     _run([sys.executable, "-m", "venv", "--without-pip", str(venv)])
@@ -52,8 +67,15 @@ def installed(tmp_path_factory) -> dict:
     env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
     work = root / "empty"
     work.mkdir()
-    return {"wheel": wheel, "venv": venv, "python": py, "ablate": venv / "bin" / "ablate", "env": env, "cwd": work,
-            "site": site}
+    return {
+        "wheel": wheel,
+        "venv": venv,
+        "python": py,
+        "ablate": venv / "bin" / "ablate",
+        "env": env,
+        "cwd": work,
+        "site": site,
+    }
 
 
 def test_the_wheel_holds_the_grids_dashboards_and_presets(installed):
@@ -66,8 +88,15 @@ def test_the_wheel_holds_the_grids_dashboards_and_presets(installed):
 
 
 def test_installed_ablate_is_the_wheel_not_the_checkout(installed):
-    out = _run([str(installed["python"]), "-c", "import ablate, ablate.shipped as s; print(ablate.__file__); "
-                "print(s.shipped_dir('search_spaces'))"], cwd=installed["cwd"], env=installed["env"])
+    out = _run(
+        [
+            str(installed["python"]),
+            "-c",
+            "import ablate, ablate.shipped as s; print(ablate.__file__); print(s.shipped_dir('search_spaces'))",
+        ],
+        cwd=installed["cwd"],
+        env=installed["env"],
+    )
     module, grids = out.split()
     assert Path(module).is_relative_to(installed["site"]) and not Path(module).is_relative_to(REPO), out
     assert Path(grids).is_relative_to(installed["site"]), out
@@ -80,8 +109,9 @@ def test_list_run_and_report_from_an_empty_folder(installed):
     listing = _run([ablate, "list"], cwd=cwd, env=env)
     for name in known_grids():
         assert name in listing, f"`ablate list` misses {name}:\n{listing}"
-    code, out = run_logged([ablate, "run", "batch_vs_dim", "--scale", "smoke", "--verbose", "0"], cwd / "run.log",
-                           env=env, cwd=cwd)
+    code, out = run_logged(
+        [ablate, "run", "batch_vs_dim", "--scale", "smoke", "--verbose", "0"], cwd / "run.log", env=env, cwd=cwd
+    )
     assert code == 0, out[-3000:]
     run_dir = cwd / "runs" / "batch_vs_dim-smoke"
     assert len(list(run_dir.glob("trial_*/result.json"))) == 4, out[-3000:]

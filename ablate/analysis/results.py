@@ -20,8 +20,20 @@ __all__ = ["LEAD_COLUMNS", "axis_value", "export_results", "load_results"]
 #: Columns that lead the table, in this order (when present).
 LEAD_COLUMNS = ["trial_id", "status", "seed", "training_iteration", "step", "samples_seen", "time_total_s", "r2"]
 #: Ray bookkeeping left out of the table.
-_DROP = {"config", "date", "timestamp", "pid", "hostname", "node_ip", "done", "time_this_iter_s",
-         "time_since_restore", "iterations_since_restore", "checkpoint_dir_name", "should_checkpoint"}
+_DROP = {
+    "config",
+    "date",
+    "timestamp",
+    "pid",
+    "hostname",
+    "node_ip",
+    "done",
+    "time_this_iter_s",
+    "time_since_restore",
+    "iterations_since_restore",
+    "checkpoint_dir_name",
+    "should_checkpoint",
+}
 
 
 def axis_value(v: Any) -> Any:
@@ -62,8 +74,9 @@ def load_results(run_dir: str | Path) -> pd.DataFrame:
         lead = [c for c in ["trial_id", "status", *axes, *LEAD_COLUMNS[2:]] if c in df.columns]
         df = df[lead + [c for c in df.columns if c not in lead]]
         df = df.sort_values(["trial_id", "training_iteration"], kind="stable").reset_index(drop=True)
-    df.attrs.update({"grid": info.get("grid"), "scale": info.get("scale"), "axes": axes,
-                     "run_dir": str(run_dir), "marker": info})
+    df.attrs.update(
+        {"grid": info.get("grid"), "scale": info.get("scale"), "axes": axes, "run_dir": str(run_dir), "marker": info}
+    )
     return df
 
 

@@ -97,10 +97,15 @@ def load_run(run_dir: str | Path) -> Run:
             if known.any():
                 df[axis] = setting.where(known, df[axis])
     grid = _grid_from_marker(marker)
-    ctx = RunContext(grid=str(marker.get("grid", "")), axes=axes, configs=configs,
-                     paper_values=dict(grid.paper_values) if grid else {})
-    return Run(run_dir=str(run_dir), df=df, marker=marker, grid=grid, params=params, statuses=reader.statuses(),
-               ctx=ctx)
+    ctx = RunContext(
+        grid=str(marker.get("grid", "")),
+        axes=axes,
+        configs=configs,
+        paper_values=dict(grid.paper_values) if grid else {},
+    )
+    return Run(
+        run_dir=str(run_dir), df=df, marker=marker, grid=grid, params=params, statuses=reader.statuses(), ctx=ctx
+    )
 
 
 def run_finished(run: Run) -> bool:

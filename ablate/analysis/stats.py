@@ -19,7 +19,16 @@ from scipy.stats import spearmanr
 from ablate.analysis.run import RunContext, final_rows
 from ablate.core.metrics import iterations_to_target
 
-__all__ = ["block_r2", "fixed_lambda_losses", "iterations_to_targets", "fmt_ms", "mean_sd", "scalar", "seed_stats", "spearman"]
+__all__ = [
+    "block_r2",
+    "fixed_lambda_losses",
+    "iterations_to_targets",
+    "fmt_ms",
+    "mean_sd",
+    "scalar",
+    "seed_stats",
+    "spearman",
+]
 
 
 def seed_stats(df: pd.DataFrame, keys: list[str], value: str) -> pd.DataFrame:
@@ -86,8 +95,15 @@ def block_r2(df: pd.DataFrame, ctx: RunContext) -> pd.DataFrame:
             col = f"r2_lambda_{value:g}"
             if col not in fin.columns or pd.isna(r[col]):
                 continue
-            rows.append({**_point(r, ctx.axes), "block": block, "block_lambda": value, "varied_lambda": lam[-1],
-                         "r2": float(r[col])})
+            rows.append(
+                {
+                    **_point(r, ctx.axes),
+                    "block": block,
+                    "block_lambda": value,
+                    "varied_lambda": lam[-1],
+                    "r2": float(r[col]),
+                }
+            )
     return pd.DataFrame(rows, columns=[c for c in cols if rows and c in rows[0]] or cols)
 
 
@@ -108,8 +124,15 @@ def fixed_lambda_losses(df: pd.DataFrame, ctx: RunContext, metric: str) -> pd.Da
         fixed = scalar(cfg.fixed_lambda_hat)
         if fixed is None:
             continue
-        rows.append({**_point(r, ctx.axes), "fixed_lambda": fixed, "value": float(r[metric]),
-                     "optimum": float(np.mean(cfg.lambda_optimum)), "hard": cfg.lambda_negative is not None})
+        rows.append(
+            {
+                **_point(r, ctx.axes),
+                "fixed_lambda": fixed,
+                "value": float(r[metric]),
+                "optimum": float(np.mean(cfg.lambda_optimum)),
+                "hard": cfg.lambda_negative is not None,
+            }
+        )
     return pd.DataFrame(rows, columns=[c for c in cols if rows and c in rows[0]] or cols)
 
 
@@ -125,6 +148,12 @@ def iterations_to_targets(df: pd.DataFrame, axes: list[str], targets: list[float
     for trial_id, t in df.sort_values("step").groupby("trial_id", sort=False):
         first = t.iloc[0]
         for target, it in iterations_to_target(list(t["step"]), list(t["r2"]), targets).items():
-            rows.append({**{a: first[a] for a in axes}, "trial_id": trial_id, "target": target,
-                         "iterations": float("nan") if it is None else float(it)})
+            rows.append(
+                {
+                    **{a: first[a] for a in axes},
+                    "trial_id": trial_id,
+                    "target": target,
+                    "iterations": float("nan") if it is None else float(it),
+                }
+            )
     return pd.DataFrame(rows, columns=cols)

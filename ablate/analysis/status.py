@@ -5,13 +5,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ablate.rundir import RunReader
+from ablate.rundir import TRIAL_PREFIX, RunReader
 from ablate.service.grids import axis_text
 
 __all__ = ["run_status"]
 
-_GROUPS = {"TERMINATED": "finished", "RUNNING": "running", "ERROR": "errored", "PENDING": "pending",
-           "PAUSED": "pending"}
+_GROUPS = {
+    "TERMINATED": "finished",
+    "RUNNING": "running",
+    "ERROR": "errored",
+    "PENDING": "pending",
+    "PAUSED": "pending",
+}
 
 
 def run_status(run_dir: str | Path) -> dict[str, Any]:
@@ -22,11 +27,19 @@ def run_status(run_dir: str | Path) -> dict[str, Any]:
     rows = []
     for trial_id, state in reader.trial_states().items():
         counts[_GROUPS.get(state["status"], "pending")] += 1
-        results = reader.results(f"trial_{trial_id}")
+        results = reader.results(f"{TRIAL_PREFIX}{trial_id}")
         last = results[-1] if results else {}
         r2 = last.get("r2")
         params = {k: axis_text(v) if isinstance(v, dict | list) else v for k, v in state["params"].items()}
-        rows.append({"trial": trial_id, "status": state["status"], **params, "step": last.get("step"),
-                     "r2": None if r2 is None else round(r2, 4), "failures": state["failures"]})
+        rows.append(
+            {
+                "trial": trial_id,
+                "status": state["status"],
+                **params,
+                "step": last.get("step"),
+                "r2": None if r2 is None else round(r2, 4),
+                "failures": state["failures"],
+            }
+        )
     counts["pending"] += max(int(info.get("n_trials", len(rows))) - len(rows), 0)
     return {"grid": info["grid"], "scale": info["scale"], "counts": counts, "trials": rows}

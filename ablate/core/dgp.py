@@ -207,7 +207,9 @@ def _gamma(alpha: Tensor, generator: torch.Generator) -> Tensor:
         x = torch.randn(m, generator=generator, dtype=a.dtype)
         v = (1.0 + cc[pending] * x) ** 3
         u = torch.rand(m, generator=generator, dtype=a.dtype)
-        ok = (v > 0) & (torch.log(u) < 0.5 * x**2 + dd[pending] - dd[pending] * v + dd[pending] * torch.log(v.clamp_min(1e-300)))
+        ok = (v > 0) & (
+            torch.log(u) < 0.5 * x**2 + dd[pending] - dd[pending] * v + dd[pending] * torch.log(v.clamp_min(1e-300))
+        )
         out[pending[ok]] = (dd[pending] * v)[ok]
         pending = pending[~ok]
     if bool(boost.any()):

@@ -126,7 +126,10 @@ class Experiment:
         negatives = None
         if hard_negatives and self._lambda_neg is not None:
             negatives = dgp.sample_hard_negatives(
-                pairs[0][0], self._lambda_neg, self.config.n_hard_negatives, threshold=self.config.threshold,
+                pairs[0][0],
+                self._lambda_neg,
+                self.config.n_hard_negatives,
+                threshold=self.config.threshold,
                 generator=rng,
             )
         return {"pairs": pairs, "negatives": negatives}

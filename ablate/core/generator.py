@@ -67,7 +67,10 @@ def condition_threshold(d: int, *, n_samples: int, quantile: float, generator: t
     if not 0.0 <= quantile < 1.0:
         raise ValueError(f"cond_quantile must be in [0, 1), got {quantile}")
     conds = torch.cat(
-        [condition_numbers(_draw_matrices(min(_BATCH, n_samples - i), d, generator)) for i in range(0, n_samples, _BATCH)]
+        [
+            condition_numbers(_draw_matrices(min(_BATCH, n_samples - i), d, generator))
+            for i in range(0, n_samples, _BATCH)
+        ]
     )
     return float(conds.sort().values[int(n_samples * quantile)])
 

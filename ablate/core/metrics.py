@@ -38,7 +38,9 @@ def linear_r2(z_hat_fit: Tensor, z_fit: Tensor, z_hat_eval: Tensor, z_eval: Tens
         z_hat_*: ``(n, k)``; z_*: ``(n, d)``. Returns ``{"r2": float, "r2_per_dim": list[float]}``.
     """
     xf = _with_bias(z_hat_fit.detach().double())
-    coef = torch.linalg.lstsq(xf.cpu(), z_fit.detach().double().cpu(), driver="gelsd").solution  # gelsy is not bit-reproducible
+    coef = torch.linalg.lstsq(
+        xf.cpu(), z_fit.detach().double().cpu(), driver="gelsd"
+    ).solution  # gelsy is not bit-reproducible
     pred = _with_bias(z_hat_eval.detach().double()).cpu() @ coef
     target = z_eval.detach().double().cpu()
     ss_res = ((target - pred) ** 2).sum(0)
@@ -82,8 +84,13 @@ def mcc(z_hat: Tensor, z: Tensor, matching: Matching | None = None) -> float:
     return float(corr[rows, cols].mean())
 
 
-def matched_lambda(z_hat: Tensor, z: Tensor, lambda_hat: Sequence[float] | Tensor,
-                   lambda_true: Sequence[float] | Tensor, matching: Matching | None = None) -> dict[str, object]:
+def matched_lambda(
+    z_hat: Tensor,
+    z: Tensor,
+    lambda_hat: Sequence[float] | Tensor,
+    lambda_true: Sequence[float] | Tensor,
+    matching: Matching | None = None,
+) -> dict[str, object]:
     """Λ̂ of the encoder output matched (as in MCC) to each latent, and its rank correlation with Λ.
 
     Sorting both lists would make their ranks agree by construction; matching outputs to latents first

@@ -96,15 +96,27 @@ def _html_table(df: pd.DataFrame, status_col: str | None = None, max_rows: int |
 
 def _settings_html(run: Run) -> str:
     grid, marker = run.grid, run.marker
-    rows = [("grid", run.name), ("scale", marker.get("scale")), ("run directory", run.run_dir),
-            ("created", marker.get("created")), ("ablate version", marker.get("ablate_version"))]
+    rows = [
+        ("grid", run.name),
+        ("scale", marker.get("scale")),
+        ("run directory", run.run_dir),
+        ("created", marker.get("created")),
+        ("ablate version", marker.get("ablate_version")),
+    ]
     parts = []
     if grid is not None:
-        rows += [("figure", grid.figure), ("search", grid.search), ("trials", grid.n_trials),
-                 ("seeds", ", ".join(map(str, grid.seeds))), ("stop", json.dumps(grid.stop))]
+        rows += [
+            ("figure", grid.figure),
+            ("search", grid.search),
+            ("trials", grid.n_trials),
+            ("seeds", ", ".join(map(str, grid.seeds))),
+            ("stop", json.dumps(grid.stop)),
+        ]
         if grid.axes:
-            rows += [(f"axis {k}", ", ".join(json.dumps(v) if not isinstance(v, str) else v for v in vals))
-                     for k, vals in grid.axes.items()]
+            rows += [
+                (f"axis {k}", ", ".join(json.dumps(v) if not isinstance(v, str) else v for v in vals))
+                for k, vals in grid.axes.items()
+            ]
         if grid.variants:
             rows.append(("variants", "; ".join(json.dumps(v) for v in grid.variants)))
         if grid.optuna:
@@ -116,23 +128,40 @@ def _settings_html(run: Run) -> str:
     if grid is not None:
         if grid.description:
             parts.append(f"<p>{html.escape(grid.description.strip())}</p>")
-        base = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(json.dumps(v))}</td></tr>"
-                       for k, v in sorted(grid.base.items()))
-        parts.append(f"<details open><summary>base settings (every trial; RunConfig defaults otherwise)</summary>"
-                     f"<table>{base}</table></details>")
+        base = "".join(
+            f"<tr><th>{html.escape(k)}</th><td>{html.escape(json.dumps(v))}</td></tr>"
+            for k, v in sorted(grid.base.items())
+        )
+        parts.append(
+            f"<details open><summary>base settings (every trial; RunConfig defaults otherwise)</summary>"
+            f"<table>{base}</table></details>"
+        )
         if grid.chosen:
-            chosen = pd.DataFrame([{"key": c.get("key"), "value": json.dumps(c.get("value")) if "value" in c else "",
-                                    "why": c.get("why")} for c in grid.chosen])
-            parts.append("<details><summary>values the papers' text does not give (chosen)</summary>"
-                         f"{_html_table(chosen)}</details>")
+            chosen = pd.DataFrame(
+                [
+                    {
+                        "key": c.get("key"),
+                        "value": json.dumps(c.get("value")) if "value" in c else "",
+                        "why": c.get("why"),
+                    }
+                    for c in grid.chosen
+                ]
+            )
+            parts.append(
+                "<details><summary>values the papers' text does not give (chosen)</summary>"
+                f"{_html_table(chosen)}</details>"
+            )
     gen = generator_table(run.df)
     if not gen.empty:
-        parts.append("<details open><summary>generator g: how hard the inversion is (condition numbers per layer, the "
-                     "threshold each layer had to beat, and the linear R² of z from g(z); 1 would be a linear g)</summary>"
-                     f"{_html_table(gen)}</details>")
+        parts.append(
+            "<details open><summary>generator g: how hard the inversion is (condition numbers per layer, the "
+            "threshold each layer had to beat, and the linear R² of z from g(z); 1 would be a linear g)</summary>"
+            f"{_html_table(gen)}</details>"
+        )
     if marker.get("grid_yaml"):
-        parts.append(f"<details><summary>grid YAML as run</summary><pre>{html.escape(marker['grid_yaml'])}</pre>"
-                     "</details>")
+        parts.append(
+            f"<details><summary>grid YAML as run</summary><pre>{html.escape(marker['grid_yaml'])}</pre></details>"
+        )
     return "\n".join(parts)
 
 
@@ -145,8 +174,14 @@ def _where_text(v: Any) -> str:
     return {"max": "its largest value", "min": "its smallest value"}.get(v, str(v)) if isinstance(v, str) else str(v)
 
 
-def render_html(run: Run, panels: list[PanelResult], dashboard: Dashboard, refresh: float | None = None,
-                finished: bool | None = None, extra_views: Sequence[Any] = ()) -> str:
+def render_html(
+    run: Run,
+    panels: list[PanelResult],
+    dashboard: Dashboard,
+    refresh: float | None = None,
+    finished: bool | None = None,
+    extra_views: Sequence[Any] = (),
+) -> str:
     """The report page: title, settings, trials, and each panel with its paper figure (plotly.js inline).
 
     ``extra_views`` (e.g. Optuna's views of the study) follow the panels: each has ``name``, ``title``,
@@ -168,14 +203,17 @@ def render_html(run: Run, panels: list[PanelResult], dashboard: Dashboard, refre
     title = dashboard.title or run.name
     head_refresh = f'<meta http-equiv="refresh" content="{int(max(refresh, 1))}">' if refresh else ""
     out = [
-        "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">', head_refresh,
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        head_refresh,
         f"<title>ablate report: {html.escape(run.name)} ({html.escape(str(run.marker.get('scale')))})</title>",
         f"<style>{_CSS}</style><script>{_HEAD_JS}</script></head><body>",
         f"<h1>ablate report: {html.escape(title)}</h1>",
         f"<p class='meta'>grid <b>{html.escape(run.name)}</b> at scale <b>{html.escape(str(run.marker.get('scale')))}"
         f"</b> · run {state}: {len(table)} of {expected} trials known ({html.escape(count_text or 'none yet')}) · "
         f"{len(run.df)} reports · written {time.strftime('%Y-%m-%d %H:%M:%S')}"
-        + (f" · refreshes every {refresh:g} s" if refresh else "") + "</p>",
+        + (f" · refreshes every {refresh:g} s" if refresh else "")
+        + "</p>",
     ]
     if dashboard.description:
         out.append(f"<p>{html.escape(dashboard.description.strip())}</p>")
@@ -183,10 +221,22 @@ def render_html(run: Run, panels: list[PanelResult], dashboard: Dashboard, refre
     for i, panel in enumerate(panels):
         spec = panel.spec
         kind = PANELS[spec.kind]
-        fig_html = pio.to_html(panel.figure, full_html=False, include_plotlyjs=(i == 0), div_id=f"panel-{i}",
-                               config={"displaylogo": False, "responsive": True})
-        where = ("<p class='meta'>shown: " + html.escape("; ".join(f"{k} = {_where_text(v)}" for k, v in
-                                                                   spec.where.items())) + "</p>") if spec.where else ""
+        fig_html = pio.to_html(
+            panel.figure,
+            full_html=False,
+            include_plotlyjs=(i == 0),
+            div_id=f"panel-{i}",
+            config={"displaylogo": False, "responsive": True},
+        )
+        where = (
+            (
+                "<p class='meta'>shown: "
+                + html.escape("; ".join(f"{k} = {_where_text(v)}" for k, v in spec.where.items()))
+                + "</p>"
+            )
+            if spec.where
+            else ""
+        )
         out += [
             f'<section class="panel" data-kind="{spec.kind}">',
             f"<h2>{i + 1}. {html.escape(spec.title or kind.title)}</h2>",
@@ -203,8 +253,13 @@ def render_html(run: Run, panels: list[PanelResult], dashboard: Dashboard, refre
     for view in extra_views:
         fig_html = ""
         if view.figure is not None:
-            fig_html = pio.to_html(view.figure, full_html=False, include_plotlyjs=(figures == 0),
-                                   div_id=f"view-{view.name}", config={"displaylogo": False, "responsive": True})
+            fig_html = pio.to_html(
+                view.figure,
+                full_html=False,
+                include_plotlyjs=(figures == 0),
+                div_id=f"view-{view.name}",
+                config={"displaylogo": False, "responsive": True},
+            )
             figures += 1
         out += [
             f'<section class="panel optuna-view" data-kind="{html.escape(view.name)}">',
@@ -212,12 +267,9 @@ def render_html(run: Run, panels: list[PanelResult], dashboard: Dashboard, refre
             f"<p class='meta'>{html.escape(view.describe)}</p>" if view.describe else "",
             f"<p class='note'>{html.escape(view.note)}</p>" if view.note else "",
             fig_html,
-            f"<details><summary>data ({len(view.data)} rows)</summary>{_html_table(view.data, max_rows=300)}"
-            "</details>",
+            f"<details><summary>data ({len(view.data)} rows)</summary>{_html_table(view.data, max_rows=300)}</details>",
             "</section>",
         ]
     out.append(f"<script>{_TAIL_JS % {'expected': figures}}</script>")
     out.append("</body></html>")
     return "\n".join(s for s in out if s)
-
-

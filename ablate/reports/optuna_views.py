@@ -80,13 +80,24 @@ def parallel_data(study) -> pd.DataFrame:
 
 #: name → (title, description, data function, Optuna's plot function name)
 _VIEWS = {
-    "optimization_history": ("Optuna: optimisation history", "The objective of every finished trial, in the "
-                             "order Optuna proposed them, and the best value so far.", history_data,
-                             "plot_optimization_history"),
-    "param_importances": ("Optuna: parameter importances", "How much each searched setting explains the objective "
-                          "(Optuna's default importance evaluator).", importance_data, "plot_param_importances"),
-    "parallel_coordinate": ("Optuna: parallel coordinates", "Every finished trial as a line through its settings "
-                            "and its objective.", parallel_data, "plot_parallel_coordinate"),
+    "optimization_history": (
+        "Optuna: optimisation history",
+        "The objective of every finished trial, in the order Optuna proposed them, and the best value so far.",
+        history_data,
+        "plot_optimization_history",
+    ),
+    "param_importances": (
+        "Optuna: parameter importances",
+        "How much each searched setting explains the objective (Optuna's default importance evaluator).",
+        importance_data,
+        "plot_param_importances",
+    ),
+    "parallel_coordinate": (
+        "Optuna: parallel coordinates",
+        "Every finished trial as a line through its settings and its objective.",
+        parallel_data,
+        "plot_parallel_coordinate",
+    ),
 }
 
 
@@ -96,8 +107,16 @@ def optuna_views(run_dir: str | Path, study_name: str) -> list[OptunaView]:
     try:
         study = load_study(run_dir, study_name)
     except Exception as exc:  # noqa: BLE001 - a damaged or foreign study file must not stop the report
-        return [OptunaView("study", "Optuna study", "", pd.DataFrame(), None,
-                           f"the study in {OPTUNA_DB} could not be opened ({type(exc).__name__}: {exc})")]
+        return [
+            OptunaView(
+                "study",
+                "Optuna study",
+                "",
+                pd.DataFrame(),
+                None,
+                f"the study in {OPTUNA_DB} could not be opened ({type(exc).__name__}: {exc})",
+            )
+        ]
     if study is None:
         return []
     import optuna.visualization as vis
@@ -112,8 +131,9 @@ def optuna_views(run_dir: str | Path, study_name: str) -> list[OptunaView]:
                 if view.data.empty:
                     raise ValueError("no finished trial yet")
                 view.figure = getattr(vis, plot_name)(study)
-            view.note = "; ".join(dict.fromkeys(f"Optuna: {w.message}" for w in caught
-                                                if not issubclass(w.category, DeprecationWarning)))
+            view.note = "; ".join(
+                dict.fromkeys(f"Optuna: {w.message}" for w in caught if not issubclass(w.category, DeprecationWarning))
+            )
         except Exception as exc:  # noqa: BLE001 - e.g. importances need two finished trials with varied settings
             view.figure = None
             view.note = f"skipped: {type(exc).__name__}: {exc}"

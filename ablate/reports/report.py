@@ -69,9 +69,13 @@ def default_out(run_dir: str | Path) -> str:
     return str(run_dir).rstrip("/") + "/" + REPORT_FILE
 
 
-def write_report(run: Run | str | Path, out: str | Path | None = None,
-                 dashboard: str | Path | Dashboard | None = None, refresh: float | None = None,
-                 finished: bool | None = None) -> str:
+def write_report(
+    run: Run | str | Path,
+    out: str | Path | None = None,
+    dashboard: str | Path | Dashboard | None = None,
+    refresh: float | None = None,
+    finished: bool | None = None,
+) -> str:
     """Write the report of ``run`` (a :class:`Run` or a run directory) to ``out`` (default RUN_DIR/report.html).
 
     Local files are replaced atomically, so a browser reloading the page never sees half a file.
@@ -80,14 +84,20 @@ def write_report(run: Run | str | Path, out: str | Path | None = None,
         run = load_run(run)
     dash = run_dashboard(run, dashboard)
     target = str(out) if out is not None else default_out(run.run_dir)
-    page = render_html(run, build_panels(run, dash), dash, refresh=refresh, finished=finished,
-                       extra_views=study_views(run))
+    page = render_html(
+        run, build_panels(run, dash), dash, refresh=refresh, finished=finished, extra_views=study_views(run)
+    )
     return write_text(target, page)
 
 
-def watch_report(run_dir: str | Path, out: str | Path | None = None, every: float = 10.0,
-                 dashboard: str | Path | None = None, log: Callable[[str], None] = print,
-                 sleep: Callable[[float], None] = time.sleep) -> str:
+def watch_report(
+    run_dir: str | Path,
+    out: str | Path | None = None,
+    every: float = 10.0,
+    dashboard: str | Path | None = None,
+    log: Callable[[str], None] = print,
+    sleep: Callable[[float], None] = time.sleep,
+) -> str:
     """Rewrite the report every ``every`` seconds until all the run's trials finished (the page reloads itself)."""
     if every <= 0:
         raise RunError(f"--watch {every}: the interval must be > 0 seconds")
@@ -96,8 +106,10 @@ def watch_report(run_dir: str | Path, out: str | Path | None = None, every: floa
         done = run_finished(run)
         target = write_report(run, out, dashboard, refresh=None if done else every, finished=done)
         statuses = pd.Series(list(run.statuses.values()), dtype=object).value_counts().to_dict()
-        log(f"{time.strftime('%H:%M:%S')} wrote {target}: {len(run.df)} reports, "
-            + (", ".join(f"{n} {s.lower()}" for s, n in sorted(statuses.items())) or "no trials yet"))
+        log(
+            f"{time.strftime('%H:%M:%S')} wrote {target}: {len(run.df)} reports, "
+            + (", ".join(f"{n} {s.lower()}" for s, n in sorted(statuses.items())) or "no trials yet")
+        )
         if done:
             return target
         sleep(every)

@@ -121,8 +121,7 @@ def check_panel(i: int, raw: Any, axes: list[str] | None) -> PanelSpec:
         if not _type_ok(value, opt.types):
             raise ValueError(f"{where}.{key}: expected {_type_names(opt.types)} ({opt.help}), got {value!r}")
         if opt.choices is not None and value not in opt.choices:
-            raise ValueError(f"{where}.{key}: {value!r} is not allowed; allowed: "
-                            f"{', '.join(map(str, opt.choices))}")
+            raise ValueError(f"{where}.{key}: {value!r} is not allowed; allowed: {', '.join(map(str, opt.choices))}")
         if key == "targets":
             items = value if isinstance(value, list) else [value]
             if not items or not all(_type_ok(t, (float,)) and 0 < t <= 1 for t in items):
@@ -134,13 +133,21 @@ def check_panel(i: int, raw: Any, axes: list[str] | None) -> PanelSpec:
                 if not isinstance(name, str):
                     raise ValueError(f"{where}.{key}: expected axis names, got {value!r}")
                 if axes is not None and name not in allowed:
-                    raise ValueError(f"{where}.{key}: {name!r} is not an axis of the grid; "
-                                    f"allowed: {', '.join(allowed) or '(the grid has no axes)'}")
+                    raise ValueError(
+                        f"{where}.{key}: {name!r} is not an axis of the grid; "
+                        f"allowed: {', '.join(allowed) or '(the grid has no axes)'}"
+                    )
         values[key] = value
     if kind == "final_heatmap" and values.get("x") == values.get("y"):
         raise ValueError(f"{where}.y: must differ from x ({values.get('x')!r})")
-    return PanelSpec(kind=kind, figure=figure.strip(), title=str(raw.get("title", "")), note=str(raw.get("note", "")),
-                     where=dict(filt), options=values)
+    return PanelSpec(
+        kind=kind,
+        figure=figure.strip(),
+        title=str(raw.get("title", "")),
+        note=str(raw.get("note", "")),
+        where=dict(filt),
+        options=values,
+    )
 
 
 class DashboardFile(Spec):

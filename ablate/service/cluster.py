@@ -23,8 +23,16 @@ from ablate import ray_compat
 from ablate.rundir import RunError
 
 __all__ = [
-    "DEFAULT_HOST", "DEFAULT_PORT", "DashboardHandle", "auth_hint", "auth_lines", "check_host", "init_ray",
-    "live_clusters", "serve", "start_or_find",
+    "DEFAULT_HOST",
+    "DEFAULT_PORT",
+    "DashboardHandle",
+    "auth_hint",
+    "auth_lines",
+    "check_host",
+    "init_ray",
+    "live_clusters",
+    "serve",
+    "start_or_find",
 ]
 
 DEFAULT_HOST = "127.0.0.1"
@@ -73,8 +81,10 @@ def check_host(host: str | None, environ: dict[str, str] | None = None) -> tuple
             f"ssh -L {DEFAULT_PORT}:127.0.0.1:{DEFAULT_PORT} <head>"
         )
     if mode != "token":
-        warnings.append(f"warning: RAY_AUTH_MODE={mode}: token authentication is off; ablate recommends keeping it on "
-                        "(unset RAY_AUTH_MODE)")
+        warnings.append(
+            f"warning: RAY_AUTH_MODE={mode}: token authentication is off; ablate recommends keeping it on "
+            "(unset RAY_AUTH_MODE)"
+        )
     return chosen, warnings
 
 
@@ -108,8 +118,9 @@ def live_clusters() -> set[str]:
     return ray_compat.live_clusters()
 
 
-def init_ray(address: str | None, *, num_cpus: int | None = None, dashboard: bool = True,
-             dashboard_host: str = DEFAULT_HOST) -> dict[str, Any]:
+def init_ray(
+    address: str | None, *, num_cpus: int | None = None, dashboard: bool = True, dashboard_host: str = DEFAULT_HOST
+) -> dict[str, Any]:
     """Start (or join) Ray; the local dashboard binds to 127.0.0.1 and keeps token authentication."""
     import ray
 
@@ -125,8 +136,9 @@ def init_ray(address: str | None, *, num_cpus: int | None = None, dashboard: boo
         ray.init(address=address, **kwargs)
     else:
         # address="local": always a fresh embedded Ray, even if a stale cluster address is on disk
-        ray.init(address="local", num_cpus=num_cpus, include_dashboard=dashboard, dashboard_host=dashboard_host,
-                 **kwargs)
+        ray.init(
+            address="local", num_cpus=num_cpus, include_dashboard=dashboard, dashboard_host=dashboard_host, **kwargs
+        )
     return {"dashboard_url": ray_compat.dashboard_url(), "joined": bool(address)}
 
 
@@ -157,17 +169,27 @@ def start_or_find(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> Dashboa
     explicit = os.environ.get("RAY_ADDRESS", "").strip()
     live = {explicit} if explicit and explicit not in ("auto", "local") else live_clusters()
     if len(live) > 1:
-        raise RunError(f"several Ray clusters run on this machine ({', '.join(sorted(live))}); ablate cannot tell "
-                       "which to show: stop the extra ones (`ray stop`) or open their dashboards directly")
+        raise RunError(
+            f"several Ray clusters run on this machine ({', '.join(sorted(live))}); ablate cannot tell "
+            "which to show: stop the extra ones (`ray stop`) or open their dashboards directly"
+        )
     if live:
         address = next(iter(live))
         ray.init(address=address, logging_level="ERROR", log_to_driver=False)
         started = False
-        notes.append(f"joined the Ray cluster already running on this machine ({address}); its dashboard settings apply")
+        notes.append(
+            f"joined the Ray cluster already running on this machine ({address}); its dashboard settings apply"
+        )
     else:
         # address="local": a new head even where /tmp/ray/ray_current_cluster names a cluster that is gone
-        ctx = ray.init(address="local", include_dashboard=True, dashboard_host=host, dashboard_port=port,
-                       logging_level="WARNING", log_to_driver=False)
+        ctx = ray.init(
+            address="local",
+            include_dashboard=True,
+            dashboard_host=host,
+            dashboard_port=port,
+            logging_level="WARNING",
+            log_to_driver=False,
+        )
         address = ctx.address_info.get("gcs_address")
         started = True
     url = ray_compat.dashboard_url()
@@ -176,8 +198,12 @@ def start_or_find(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> Dashboa
     return DashboardHandle(url=url, started=started, address=address, notes=notes, shutdown=ray.shutdown)
 
 
-def serve(host: str | None = None, port: int = DEFAULT_PORT, out: Callable[[str], None] = print,
-          wait: Callable[[], None] | None = None) -> int:
+def serve(
+    host: str | None = None,
+    port: int = DEFAULT_PORT,
+    out: Callable[[str], None] = print,
+    wait: Callable[[], None] | None = None,
+) -> int:
     """Start or find the head, print the URL and how to log in, and keep running until Ctrl-C."""
     if not 0 < port < 65536:
         raise RunError(f"--port {port}: not a TCP port (1–65535)")
@@ -196,9 +222,13 @@ def serve(host: str | None = None, port: int = DEFAULT_PORT, out: Callable[[str]
         out(line)
     if handle.started:
         out("started a local Ray head; runs join it with `ablate run <grid> --address auto`")
-    out("trials run as actors named Ablate[<grid>:<point> R²=…] (Actors tab, 'Repr' column; Tune reuses an actor "
-        "for several trials, so the name shows the first point it ran)")
-    out(f"on a cluster: ssh -L {DEFAULT_PORT}:127.0.0.1:{DEFAULT_PORT} <head>, then open http://127.0.0.1:{DEFAULT_PORT}")
+    out(
+        "trials run as actors named Ablate[<grid>:<point> R²=…] (Actors tab, 'Repr' column; Tune reuses an actor "
+        "for several trials, so the name shows the first point it ran)"
+    )
+    out(
+        f"on a cluster: ssh -L {DEFAULT_PORT}:127.0.0.1:{DEFAULT_PORT} <head>, then open http://127.0.0.1:{DEFAULT_PORT}"
+    )
     out("press Ctrl-C to stop" + (" (this stops the Ray head it started)" if handle.started else ""))
     try:
         if wait is not None:

@@ -129,7 +129,9 @@ class Grid:
         kept = []
         for key, value in settings.items():
             if key not in RunConfig.model_fields:
-                raise GridError(f"{source} {key}: unknown setting; allowed: {', '.join(sorted(RunConfig.model_fields))}")
+                raise GridError(
+                    f"{source} {key}: unknown setting; allowed: {', '.join(sorted(RunConfig.model_fields))}"
+                )
             varied = key in self.axes or key in self.optuna.get("space", {}) or any(key in v for v in self.variants)
             if varied and axes_win:
                 kept.append(key)
@@ -156,8 +158,10 @@ class Grid:
 
     def cost_steps(self) -> int:
         """Upper bound on training steps × batch size summed over trials (trial-samples)."""
-        return sum(t.config.max_steps * t.config.batch_size for t in self.trials) if self.search == "grid" else (
-            self.n_trials * int(self.stop["max_steps"]) * int(self.base.get("batch_size", 1000))
+        return (
+            sum(t.config.max_steps * t.config.batch_size for t in self.trials)
+            if self.search == "grid"
+            else (self.n_trials * int(self.stop["max_steps"]) * int(self.base.get("batch_size", 1000)))
         )
 
     def param_space(self) -> dict[str, Any]:
@@ -202,7 +206,7 @@ def _longest_first(key: str, values: list[Any]) -> list[Any]:
 def _ray_distribution(key: str, dist: dict[str, Any]):
     from ray import tune
 
-    (kind, args), = dist.items()
+    ((kind, args),) = dist.items()
     if kind == "uniform":
         return tune.uniform(*args)
     if kind == "loguniform":
@@ -237,8 +241,9 @@ def expand(grid: Grid) -> list[Trial]:
                 where = f"{grid.path}: scale {grid.scale}, point {point}" + (
                     f", variant {variant['name']}" if variant else ""
                 )
-                trials.append(Trial(point, variant["name"] if variant else None, seed,
-                                    config_from_params(params, where)))
+                trials.append(
+                    Trial(point, variant["name"] if variant else None, seed, config_from_params(params, where))
+                )
     return trials
 
 
@@ -256,7 +261,9 @@ def resolve_grid_path(name_or_path: str) -> Path:
         return p
     grids = known_grids()
     if name_or_path not in grids:
-        raise GridError(f"unknown grid {name_or_path!r}; known grids: {', '.join(grids)} (or give a path to a .yaml file)")
+        raise GridError(
+            f"unknown grid {name_or_path!r}; known grids: {', '.join(grids)} (or give a path to a .yaml file)"
+        )
     return grids[name_or_path]
 
 

@@ -20,13 +20,44 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ablate.service.specs import PresetFile, parse_spec, read_yaml
+from pydantic import Field, field_validator, model_validator
+
+from ablate.config import ConfigError, RunConfig
+from ablate.service.specs import Spec, parse_spec, read_yaml, unknown_settings
 from ablate.shipped import PRESETS, shipped_dir, shipped_files
 
-__all__ = ["PRESET_DIR", "Preset", "PresetError", "known_presets", "load_preset"]
+__all__ = ["PRESET_DIR", "Preset", "PresetError", "PresetFile", "known_presets", "load_preset"]
 
 #: The presets shipped with ablate (package data).
 PRESET_DIR = shipped_dir(PRESETS)
+
+
+class PresetFile(Spec):
+    """A preset file: RunConfig settings a run or grid can start from (``--preset NAME``)."""
+
+    name: str | None = Field(default=None, description="the preset's name (default: the file name)")
+    description: str = Field(default="", description="what the preset is for")
+    settings: dict[str, Any] = Field(description="RunConfig fields")
+    measured: str = Field(default="", description="the measurement behind it (command, machine, numbers)")
+
+    @field_validator("settings", mode="before")
+    @classmethod
+    def _settings(cls, settings: Any) -> Any:
+        if not isinstance(settings, dict) or not settings:
+            raise ValueError("required: a non-empty mapping of RunConfig fields")
+        unknown_settings(settings)
+        try:
+            RunConfig.build(dict(settings), "settings")
+        except ConfigError as exc:
+            raise ValueError(str(exc).removeprefix("settings: ")) from None
+        return settings
+
+    @model_validator(mode="before")
+    @classmethod
+    def _settings_required(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "settings" not in data:
+            raise ValueError(".settings: required: a non-empty mapping of RunConfig fields")
+        return data
 
 
 class PresetError(ValueError):
@@ -55,9 +86,16 @@ def load_preset(name_or_path: str) -> Preset:
     if path.suffix not in (".yaml", ".yml"):
         presets = known_presets()
         if name_or_path not in presets:
-            raise PresetError(f"unknown preset {name_or_path!r}; known presets: {', '.join(presets) or 'none'} "
-                              "(or give a path to a .yaml file)")
+            raise PresetError(
+                f"unknown preset {name_or_path!r}; known presets: {', '.join(presets) or 'none'} "
+                "(or give a path to a .yaml file)"
+            )
         path = presets[name_or_path]
     spec = parse_spec(PresetFile, read_yaml(path, PresetError), path, PresetError)
-    return Preset(name=spec.name or path.stem, path=path, description=spec.description,
-                  settings=dict(spec.settings), measured=spec.measured)
+    return Preset(
+        name=spec.name or path.stem,
+        path=path,
+        description=spec.description,
+        settings=dict(spec.settings),
+        measured=spec.measured,
+    )

@@ -186,8 +186,11 @@ def run_grid(
         if local and not Path(run_dir).exists():
             raise RunError(f"--resume: nothing to resume at {run_dir} (no such run)")
         info = read_marker(run_dir) if local else None
-        if info is not None and (info["grid"], info["scale"], info.get("preset")) != (grid.name, grid.scale,
-                                                                                       grid.preset):
+        if info is not None and (info["grid"], info["scale"], info.get("preset")) != (
+            grid.name,
+            grid.scale,
+            grid.preset,
+        ):
             raise RunError(
                 f"--resume: {run_dir} was made from grid {info['grid']!r} at scale {info['scale']!r} with preset "
                 f"{info.get('preset')!r}, not {grid.name!r} at {grid.scale!r} with preset {grid.preset!r}"
@@ -222,8 +225,9 @@ def run_grid(
             run_config=tune.RunConfig(
                 name=run_name,
                 storage_path=storage if is_remote(storage) else str(Path(storage).expanduser().resolve()),
-                checkpoint_config=tune.CheckpointConfig(num_to_keep=keep_checkpoints, checkpoint_frequency=1,
-                                                        checkpoint_at_end=True),
+                checkpoint_config=tune.CheckpointConfig(
+                    num_to_keep=keep_checkpoints, checkpoint_frequency=1, checkpoint_at_end=True
+                ),
                 failure_config=tune.FailureConfig(max_failures=max_failures),
                 callbacks=_callbacks(tensorboard, local),
                 progress_reporter=_reporter(grid),
@@ -232,8 +236,7 @@ def run_grid(
         )
     with ray_compat.refuse_silent_restart(_restore_failed(run_dir)) if resume else contextlib.nullcontext():
         results = tuner.fit()
-    outcome = RunOutcome(run_dir=Path(run_dir), grid=grid, wall_s=time.time() - started,
-                         set_aside=set_aside)
+    outcome = RunOutcome(run_dir=Path(run_dir), grid=grid, wall_s=time.time() - started, set_aside=set_aside)
     for result in results:
         cfg = result.config or {}
         trial_id = (result.metrics or {}).get("trial_id") or Path(result.path).name
@@ -253,17 +256,25 @@ def _choose_snapshot(run_dir: str) -> dict[str, str]:
         raise RunError(f"--resume: {exc}") from exc
     if choice.discarded:
         source = f"ablate's backup in {BACKUP_DIR}/" if choice.from_backup else "the run directory"
-        _log.warning("--resume: the newest snapshot was torn by a kill (%s); moved %s to %s/ and resuming from "
-                     "session %s as saved in %s", "; ".join(sorted(set(choice.discarded.values()))),
-                     ", ".join(choice.discarded), Path(run_dir, DISCARDED_DIR), choice.session, source)
+        _log.warning(
+            "--resume: the newest snapshot was torn by a kill (%s); moved %s to %s/ and resuming from "
+            "session %s as saved in %s",
+            "; ".join(sorted(set(choice.discarded.values()))),
+            ", ".join(choice.discarded),
+            Path(run_dir, DISCARDED_DIR),
+            choice.session,
+            source,
+        )
     return choice.discarded
 
 
 def _restore_failed(run_dir: str):
     def fail(exc: BaseException | None) -> None:
         cause = f" ({type(exc).__name__}: {exc})" if exc is not None else ""
-        raise RunError(f"--resume: Ray could not read the experiment state in {run_dir}{cause}; "
-                       "stopped instead of restarting the grid from scratch")
+        raise RunError(
+            f"--resume: Ray could not read the experiment state in {run_dir}{cause}; "
+            "stopped instead of restarting the grid from scratch"
+        )
 
     return fail
 

@@ -33,8 +33,17 @@ from pathlib import Path
 from ablate.ray_compat import EXPERIMENT_STATE_RE, SEARCHER_FILES, SNAPSHOT_FILES
 from ablate.rundir import atomic_write
 
-__all__ = ["BACKUP_DIR", "DISCARDED_DIR", "SnapshotChoice", "SnapshotError", "choose_snapshot", "file_problem",
-           "has_snapshot", "save_backup", "sessions"]
+__all__ = [
+    "BACKUP_DIR",
+    "DISCARDED_DIR",
+    "SnapshotChoice",
+    "SnapshotError",
+    "choose_snapshot",
+    "file_problem",
+    "has_snapshot",
+    "save_backup",
+    "sessions",
+]
 
 DISCARDED_DIR = ".ablate_discarded"
 BACKUP_DIR = ".ablate_snapshot"
@@ -151,8 +160,10 @@ def choose_snapshot(run_dir: str | Path) -> SnapshotChoice:
     ``run_dir``. Raises :class:`SnapshotError` naming every problem when no candidate is complete.
     """
     run_dir = Path(run_dir)
-    candidates = [(session, (run_dir / f"experiment_state-{session}.json").stat().st_mtime_ns, run_dir)
-                  for session in sessions(run_dir)]
+    candidates = [
+        (session, (run_dir / f"experiment_state-{session}.json").stat().st_mtime_ns, run_dir)
+        for session in sessions(run_dir)
+    ]
     for backup in _backups(run_dir):
         candidates += [(session, int(backup.name), backup) for session in sessions(backup)[:1]]
     if not candidates:

@@ -1,8 +1,9 @@
-"""Pydantic models of the YAML files ablate reads: grids (``search_spaces/*.yaml``) and presets (``presets/*.yaml``).
+"""Pydantic models of grid files (``ablate/search_spaces/*.yaml``), and the helpers every spec model shares.
 
 Each file is parsed from a path or from text (a run's marker stores the grid's YAML text), validated by a
 pydantic model, and every problem becomes one error naming the file, the key path and what is allowed
-(:func:`spec_error`). The report's dashboard specs use the same helpers (:mod:`ablate.reports.spec`).
+(:func:`spec_error`). Presets (:mod:`ablate.service.presets`) and the report's dashboard specs
+(:mod:`ablate.reports.spec`) use the same helpers.
 """
 
 from __future__ import annotations
@@ -13,24 +14,31 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from ablate.config import ConfigError, RunConfig, yaml_loader
+from ablate.config import RunConfig, yaml_loader
 
 __all__ = [
     "SCALES",
     "GridFile",
     "GridScale",
     "OptunaSpec",
-    "PresetFile",
     "Spec",
     "parse_spec",
     "read_yaml",
     "spec_error",
+    "unknown_settings",
 ]
 
 SCALES = ("smoke", "laptop", "paper")
 _DISTRIBUTIONS = ("choice", "loguniform", "randint", "uniform")
-_TYPE_WORDS = {"int": "an integer", "float": "a number", "string": "a string", "list": "a list",
-               "dict": "a mapping", "bool": "true/false", "literal_error": "one of the allowed values"}
+_TYPE_WORDS = {
+    "int": "an integer",
+    "float": "a number",
+    "string": "a string",
+    "list": "a list",
+    "dict": "a mapping",
+    "bool": "true/false",
+    "literal_error": "one of the allowed values",
+}
 
 
 # ------------------------------------------------------------------------------------------ reading and errors
@@ -109,8 +117,13 @@ class Spec(BaseModel):
         return data
 
 
-def parse_spec(model: type[BaseModel], data: dict[str, Any], source: str | os.PathLike, error: type[Exception],
-               context: dict[str, Any] | None = None):
+def parse_spec(
+    model: type[BaseModel],
+    data: dict[str, Any],
+    source: str | os.PathLike,
+    error: type[Exception],
+    context: dict[str, Any] | None = None,
+):
     """Validate ``data`` with ``model`` (``context`` reaches its validators); any problem raises ``error``
     naming ``source`` and the key."""
     try:
@@ -119,7 +132,8 @@ def parse_spec(model: type[BaseModel], data: dict[str, Any], source: str | os.Pa
         raise spec_error(exc, source, error) from None
 
 
-def _unknown_settings(mapping: dict[str, Any], where: str = "") -> None:
+def unknown_settings(mapping: dict[str, Any], where: str = "") -> None:
+    """Raise (for a validator) when a key of ``mapping`` is not a RunConfig field; ``where`` prefixes the key."""
     for key in mapping:
         if key not in RunConfig.model_fields:
             raise ValueError(f"{where}.{key}: unknown setting; allowed: {', '.join(sorted(RunConfig.model_fields))}")
@@ -129,7 +143,9 @@ def _unknown_settings(mapping: dict[str, Any], where: str = "") -> None:
 class OptunaSpec(Spec):
     """The Optuna (TPE) + ASHA search of a grid with ``search: optuna``."""
 
-    space: dict[str, dict[str, Any]] = Field(description="setting → {uniform|loguniform|randint: [lo, hi]} or {choice: [...]}")
+    space: dict[str, dict[str, Any]] = Field(
+        description="setting → {uniform|loguniform|randint: [lo, hi]} or {choice: [...]}"
+    )
     num_samples: int = Field(default=8, ge=1, description="trials Optuna proposes")
     metric: str = Field(default="r2", description="the reported metric to optimise")
     mode: Literal["max", "min"] = Field(default="max", description="maximise or minimise the metric")
@@ -157,7 +173,7 @@ class OptunaSpec(Spec):
     def _space(cls, space: Any) -> Any:
         if not isinstance(space, dict) or not space:
             raise ValueError("required: at least one setting to search")
-        _unknown_settings(space)
+        unknown_settings(space)
         for key, dist in space.items():
             if not isinstance(dist, dict) or len(dist) != 1 or next(iter(dist)) not in _DISTRIBUTIONS:
                 raise ValueError(f".{key}: expected one of {{{', '.join(_DISTRIBUTIONS)}: ...}}, got {dist!r}")
@@ -185,8 +201,10 @@ class OptunaSpec(Spec):
     @model_validator(mode="after")
     def _grace(self) -> OptunaSpec:
         if self.time_budget_s is not None and not 0 < self.grace_period < self.time_budget_s:
-            raise ValueError(f".grace_period: with time_budget_s it is in seconds and must lie in "
-                             f"(0, {self.time_budget_s:g}), got {self.grace_period}")
+            raise ValueError(
+                f".grace_period: with time_budget_s it is in seconds and must lie in "
+                f"(0, {self.time_budget_s:g}), got {self.grace_period}"
+            )
         return self
 
     def as_dict(self) -> dict[str, Any]:
@@ -287,13 +305,13 @@ class GridScaleResolved(Spec):
     @field_validator("base", mode="before")
     @classmethod
     def _base(cls, base: Any) -> Any:
-        _unknown_settings(base)
+        unknown_settings(base)
         return base
 
     @field_validator("axes", mode="before")
     @classmethod
     def _axes(cls, axes: Any) -> Any:
-        _unknown_settings(axes)
+        unknown_settings(axes)
         for k, values in axes.items():
             if not isinstance(values, list):
                 raise ValueError(f".{k}: expected a list of values, got {values!r}")
@@ -313,14 +331,17 @@ class GridScaleResolved(Spec):
             if v["name"] in names:
                 raise ValueError(f"[{i}].name: duplicate variant name {v['name']!r}")
             names.add(v["name"])
-            _unknown_settings({k: x for k, x in v.items() if k != "name"}, f"[{i}]")
+            unknown_settings({k: x for k, x in v.items() if k != "name"}, f"[{i}]")
         return variants
 
     @field_validator("seeds", mode="before")
     @classmethod
     def _seeds(cls, seeds: Any) -> Any:
-        if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and not isinstance(s, bool)
-                                                              for s in seeds):
+        if (
+            not isinstance(seeds, list)
+            or not seeds
+            or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds)
+        ):
             raise ValueError(f"expected a non-empty list of integers, got {seeds!r}")
         return seeds
 
@@ -353,32 +374,3 @@ def _nested(exc: ValidationError, key: str) -> str:
     """A nested model's ValidationError as one message addressed to ``.key``."""
     text = str(spec_error(exc, "", ValueError))[2:]  # drop the empty source's ": "
     return f".{key}.{text}" if not text.startswith(("[", ".")) else f".{key}{text}"
-
-
-# ------------------------------------------------------------------------------------------ presets
-class PresetFile(Spec):
-    """A preset file: RunConfig settings a run or grid can start from (``--preset NAME``)."""
-
-    name: str | None = Field(default=None, description="the preset's name (default: the file name)")
-    description: str = Field(default="", description="what the preset is for")
-    settings: dict[str, Any] = Field(description="RunConfig fields")
-    measured: str = Field(default="", description="the measurement behind it (command, machine, numbers)")
-
-    @field_validator("settings", mode="before")
-    @classmethod
-    def _settings(cls, settings: Any) -> Any:
-        if not isinstance(settings, dict) or not settings:
-            raise ValueError("required: a non-empty mapping of RunConfig fields")
-        _unknown_settings(settings)
-        try:
-            RunConfig.build(dict(settings), "settings")
-        except ConfigError as exc:
-            raise ValueError(str(exc).removeprefix("settings: ")) from None
-        return settings
-
-    @model_validator(mode="before")
-    @classmethod
-    def _settings_required(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "settings" not in data:
-            raise ValueError(".settings: required: a non-empty mapping of RunConfig fields")
-        return data

@@ -126,8 +126,7 @@ class AblateTrainable(tune.Trainable):
         if checkpoint is None:
             return
         here = Path(checkpoint)
-        older = sorted((p for p in here.parent.glob("checkpoint_*") if p.is_dir() and p.name < here.name),
-                       reverse=True)
+        older = sorted((p for p in here.parent.glob("checkpoint_*") if p.is_dir() and p.name < here.name), reverse=True)
         for candidate in [here, *older]:
             try:
                 state = load_state(candidate, self.experiment.device)
@@ -135,8 +134,12 @@ class AblateTrainable(tune.Trainable):
                 _log.warning("%s; trying an earlier checkpoint", exc)
                 continue
             if candidate != here:
-                _log.warning("trial %s: restored from the earlier checkpoint %s (step %s)", self.trial_name,
-                             candidate, state["step"])
+                _log.warning(
+                    "trial %s: restored from the earlier checkpoint %s (step %s)",
+                    self.trial_name,
+                    candidate,
+                    state["step"],
+                )
             self.experiment.load_state_dict(state)
             return
         _log.warning("trial %s: no loadable checkpoint; restarting from step 0", self.trial_name)

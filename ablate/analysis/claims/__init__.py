@@ -20,7 +20,27 @@ from ablate.analysis.claims.main_text import (
 )
 from ablate.analysis.stats import fmt_ms, mean_sd, spearman
 
-__all__ = ["CLAIMS", "ITT_TARGETS", "Check", "ClaimResult", "claim_anisotropy", "claim_batch_vs_dim",
-           "claim_batch_vs_lambda", "claim_bimodal", "claim_ensemble", "claim_hard_negatives", "claim_linear_lambda",
-           "claim_tricl", "claim_zimmermann", "command", "evaluate_frame", "evaluate_run", "fmt_ms",
-           "markdown_table", "mean_sd", "run_wall_s", "spearman", "text_report"]
+__all__ = [
+    "CLAIMS",
+    "ITT_TARGETS",
+    "Check",
+    "ClaimResult",
+    "claim_anisotropy",
+    "claim_batch_vs_dim",
+    "claim_batch_vs_lambda",
+    "claim_bimodal",
+    "claim_ensemble",
+    "claim_hard_negatives",
+    "claim_linear_lambda",
+    "claim_tricl",
+    "claim_zimmermann",
+    "command",
+    "evaluate_frame",
+    "evaluate_run",
+    "fmt_ms",
+    "markdown_table",
+    "mean_sd",
+    "run_wall_s",
+    "spearman",
+    "text_report",
+]

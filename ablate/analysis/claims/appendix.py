@@ -19,8 +19,9 @@ from ablate.analysis.stats import fixed_lambda_losses, fmt_ms
 def _loss_minimum(df: pd.DataFrame, ctx: RunContext) -> Check:
     """Fig. 10A from the loss on the true latents at each fixed Λ̂ (a property of the loss, reached without
     training the encoder); runs that predate that metric fall back to the trained encoder's eval_loss."""
-    metric = "true_latent_loss" if "true_latent_loss" in df.columns and df["true_latent_loss"].notna().any() \
-        else "eval_loss"
+    metric = (
+        "true_latent_loss" if "true_latent_loss" in df.columns and df["true_latent_loss"].notna().any() else "eval_loss"
+    )
     crit = f"argmin over fixed Λ̂ of hn_only's final {metric} within 10 % of Λ⁺ − Λ⁻"
     raw = fixed_lambda_losses(df, ctx, metric)
     if "variant" in raw.columns:
@@ -31,9 +32,11 @@ def _loss_minimum(df: pd.DataFrame, ctx: RunContext) -> Check:
     best = data.loc[data["mean"].idxmin()]
     opt = float(best["optimum"])
     spread = (data["mean"].max() - data["mean"].min()) / data["mean"].min()
-    text = (f"lowest loss at Λ̂ = {best['fixed_lambda']:g} (Λ⁺ − Λ⁻ = {opt:g}); losses "
-            + ", ".join(f"{x:g}: {m:.4f}" for x, m in zip(data["fixed_lambda"], data["mean"]))
-            + f"; spread {spread:.1%}")
+    text = (
+        f"lowest loss at Λ̂ = {best['fixed_lambda']:g} (Λ⁺ − Λ⁻ = {opt:g}); losses "
+        + ", ".join(f"{x:g}: {m:.4f}" for x, m in zip(data["fixed_lambda"], data["mean"]))
+        + f"; spread {spread:.1%}"
+    )
     return Check("loss minimum at Λ⁺ − Λ⁻", text, crit, bool(abs(best["fixed_lambda"] - opt) <= 0.1 * opt))
 
 
@@ -44,18 +47,26 @@ def _finetune_beats_plain(fin: pd.DataFrame) -> Check:
     ft, plain = _variant(fin, "finetune_hn"), _variant(fin, "continue_plain")
     if ft.empty or plain.empty:
         return _not_measured("fine-tuning with hard negatives", crit, "needs finetune_hn and continue_plain")
-    return Check("fine-tuning with hard negatives",
-                 f"finetune_hn {fmt_ms(ft['r2'])} vs continue_plain {fmt_ms(plain['r2'])}",
-                 crit, bool(ft["r2"].mean() > plain["r2"].mean()))
+    return Check(
+        "fine-tuning with hard negatives",
+        f"finetune_hn {fmt_ms(ft['r2'])} vs continue_plain {fmt_ms(plain['r2'])}",
+        crit,
+        bool(ft["r2"].mean() > plain["r2"].mean()),
+    )
 
 
 def claim_hard_negatives(df: pd.DataFrame, ctx: RunContext) -> ClaimResult:
     """Fig. 10A: the loss against a fixed Λ̂ is lowest at Λ⁺ − Λ⁻; Fig. 10B: hard-negative fine-tuning wins."""
     checks = [_loss_minimum(df, ctx), _finetune_beats_plain(final_rows(df))]
     return ClaimResult(
-        6, "Hard negatives: loss optimum at Λ⁺ − Λ⁻; fine-tuning helps", "Rusak et al. 2024, Fig. 10A/B",
+        6,
+        "Hard negatives: loss optimum at Λ⁺ − Λ⁻; fine-tuning helps",
+        "Rusak et al. 2024, Fig. 10A/B",
         "loss optimum at Λ̂ = Λ⁺ − Λ⁻ = 50 (Λ⁺ = 150, Λ⁻ = 100); fine-tuning with 3 hard negatives beats "
-        "continued regular training in R²", " / ".join(c.value.split(";")[0] for c in checks), checks)
+        "continued regular training in R²",
+        " / ".join(c.value.split(";")[0] for c in checks),
+        checks,
+    )
 
 
 # --------------------------------------------------------------------------- paper values
@@ -98,8 +109,14 @@ def claim_ensemble(df: pd.DataFrame, ctx: RunContext) -> ClaimResult:
     else:
         means = [values[v].mean() for v in order]
         check = Check("ordering", text, crit, bool(means[0] < means[1] < means[2]))
-    return ClaimResult(7, "Ensemble AnInfoNCE beats AnInfoNCE beats InfoNCE", "Rusak et al. 2024, Appx. H.3 table "
-                       "and Fig. 11", _ensemble_paper(ctx), text, [check])
+    return ClaimResult(
+        7,
+        "Ensemble AnInfoNCE beats AnInfoNCE beats InfoNCE",
+        "Rusak et al. 2024, Appx. H.3 table and Fig. 11",
+        _ensemble_paper(ctx),
+        text,
+        [check],
+    )
 
 
 # --------------------------------------------------------------------------- claim 8: Fig. 12
@@ -118,17 +135,26 @@ def claim_tricl(df: pd.DataFrame, ctx: RunContext) -> ClaimResult:
     crit_a = "AnInfoNCE final R² ≥ TriCL's at every Λ"
     crit_b = "the AnInfoNCE − TriCL gap is largest for the anisotropic Λ"
     if not gaps:
-        return ClaimResult(8, "AnInfoNCE vs TriCL", "Rusak et al. 2024, Fig. 12", _TRICL_PAPER, "n/a",
-                           [_not_measured("AnInfoNCE ≥ TriCL", crit_a, "needs both losses")])
+        return ClaimResult(
+            8,
+            "AnInfoNCE vs TriCL",
+            "Rusak et al. 2024, Fig. 12",
+            _TRICL_PAPER,
+            "n/a",
+            [_not_measured("AnInfoNCE ≥ TriCL", crit_a, "needs both losses")],
+        )
     a = Check("AnInfoNCE ≥ TriCL", "; ".join(parts), crit_a, all(gap >= 0 for gap, _ in gaps.values()))
     aniso = [gap for gap, is_aniso in gaps.values() if is_aniso]
     iso = [gap for gap, is_aniso in gaps.values() if not is_aniso]
     gap_text = ", ".join(f"Λ={k}: {gap:+.3f}" for k, (gap, _) in gaps.items())
-    b = (Check("gap largest when anisotropic", gap_text, crit_b, bool(min(aniso) > max(iso)))
-         if aniso and iso else _not_measured("gap largest when anisotropic", crit_b,
-                                             "needs an isotropic and an anisotropic Λ"))
-    return ClaimResult(8, "AnInfoNCE vs TriCL", "Rusak et al. 2024, Fig. 12", _TRICL_PAPER,
-                       "R² gap " + gap_text, [a, b])
+    b = (
+        Check("gap largest when anisotropic", gap_text, crit_b, bool(min(aniso) > max(iso)))
+        if aniso and iso
+        else _not_measured("gap largest when anisotropic", crit_b, "needs an isotropic and an anisotropic Λ")
+    )
+    return ClaimResult(
+        8, "AnInfoNCE vs TriCL", "Rusak et al. 2024, Fig. 12", _TRICL_PAPER, "R² gap " + gap_text, [a, b]
+    )
 
 
 _TRICL_PAPER = "AnInfoNCE trains more stably and reaches higher R² than TriCL, especially for Λ = 15/250"
@@ -140,8 +166,18 @@ def claim_zimmermann(df: pd.DataFrame, ctx: RunContext) -> ClaimResult:
     fin = final_rows(df)
     rows = _variant(fin, "vmf_kappa1")
     crit = "final R² (mean over seeds) ≥ 0.99"
-    check = (Check("vMF κ = 1", fmt_ms(rows["r2"]), crit, bool(rows["r2"].mean() >= 0.99)) if not rows.empty
-             else _not_measured("vMF κ = 1", crit, "no vmf_kappa1 trial"))
+    check = (
+        Check("vMF κ = 1", fmt_ms(rows["r2"]), crit, bool(rows["r2"].mean() >= 0.99))
+        if not rows.empty
+        else _not_measured("vMF κ = 1", crit, "no vmf_kappa1 trial")
+    )
     others = {v: fmt_ms(g["r2"]) for v, g in fin.groupby("variant")} if "variant" in fin.columns else {}
-    return ClaimResult(9, "InfoNCE inverts a vMF DGP on the sphere", "Zimmermann et al. 2021, Table 1 (row 1)",
-                       _zimmermann_paper(ctx), check.value, [check], {"all_variants": others})
+    return ClaimResult(
+        9,
+        "InfoNCE inverts a vMF DGP on the sphere",
+        "Zimmermann et al. 2021, Table 1 (row 1)",
+        _zimmermann_paper(ctx),
+        check.value,
+        [check],
+        {"all_variants": others},
+    )

@@ -73,7 +73,6 @@ class ClaimResult:
         return {**asdict(self), "passed": self.passed, "status": self.status}
 
 
-
 # --------------------------------------------------------------------------- helpers
 def _sign_ok(rho: float, sign: int) -> bool | None:
     return None if math.isnan(rho) else bool(rho * sign > 0)
@@ -100,8 +99,9 @@ def _not_measured(name: str, criterion: str, why: str) -> Check:
     return Check(name, f"not measured: {why}", criterion, None)
 
 
-def _groupwise_sign(fin: pd.DataFrame, group: str, x: str, metric: str, sign: int, name: str,
-                    criterion: str) -> tuple[Check, dict[str, float]]:
+def _groupwise_sign(
+    fin: pd.DataFrame, group: str, x: str, metric: str, sign: int, name: str, criterion: str
+) -> tuple[Check, dict[str, float]]:
     """Spearman(x, seed-mean metric) within every value of ``group``; the check holds if each has ``sign``."""
     miss = _missing(fin, group, x, metric)
     if miss:
@@ -132,5 +132,3 @@ def _block_col(lam: float) -> str:
 
 def _variant(fin: pd.DataFrame, name: str) -> pd.DataFrame:
     return fin[fin["variant"] == name] if "variant" in fin.columns else fin.iloc[0:0]
-
-

@@ -65,8 +65,7 @@ def run_wall_s(run_dir: str | Path) -> float | None:
         start = datetime.strptime(reader.marker()["created"], "%Y-%m-%dT%H:%M:%S%z").timestamp()
     except (KeyError, ValueError):
         return None
-    last = [row["timestamp"] for name in reader.list_dirs("trial_") for row in reader.results(name)[-1:]
-            if "timestamp" in row]
+    last = [row["timestamp"] for name in reader.trial_dirs() for row in reader.results(name)[-1:] if "timestamp" in row]
     return float(max(last) - start) if last else None
 
 
@@ -99,8 +98,17 @@ def markdown_table(results: Sequence[ClaimResult]) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in sorted(results, key=lambda r: r.claim):
         wall = f"{r.wall_s:.0f} s" if r.wall_s is not None else "n/a"
-        cells = [str(r.claim), r.title, r.figure, r.paper_value, r.value, r.criterion, f"**{r.status}**", wall,
-                 f"`{command(r.grid, r.scale, r.preset)}`"]
+        cells = [
+            str(r.claim),
+            r.title,
+            r.figure,
+            r.paper_value,
+            r.value,
+            r.criterion,
+            f"**{r.status}**",
+            wall,
+            f"`{command(r.grid, r.scale, r.preset)}`",
+        ]
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     return "\n".join(lines)
 
@@ -118,4 +126,3 @@ def text_report(results: Sequence[ClaimResult]) -> str:
             verdict = {True: "pass", False: "FAIL", None: "not measured"}[c.passed]
             out.append(f"  - [{verdict}] {c.name}: {c.value}\n      criterion: {c.criterion}")
     return "\n".join(out)
-

@@ -44,25 +44,38 @@ def claim_anisotropy(df: pd.DataFrame, ctx: RunContext) -> ClaimResult:
         checks.append(_not_measured("InfoNCE style block falls", crit_a, "fewer than 2 values of Λ₂ for InfoNCE"))
     else:
         rho = spearman(style["x"], style["mean"])
-        checks.append(Check("InfoNCE style block falls",
-                            f"R² {style['mean'].iloc[0]:.3f} at Λ₂={style['x'].iloc[0]:g} → "
-                            f"{style['mean'].iloc[-1]:.3f} at Λ₂={style['x'].iloc[-1]:g}, ρ={rho:+.2f}",
-                            crit_a, _sign_ok(rho, -1)))
+        checks.append(
+            Check(
+                "InfoNCE style block falls",
+                f"R² {style['mean'].iloc[0]:.3f} at Λ₂={style['x'].iloc[0]:g} → "
+                f"{style['mean'].iloc[-1]:.3f} at Λ₂={style['x'].iloc[-1]:g}, ρ={rho:+.2f}",
+                crit_a,
+                _sign_ok(rho, -1),
+            )
+        )
     an = blocks[blocks["variant"] == "aninfonce"]
     crit_b = "AnInfoNCE R² ≥ 0.95 on both blocks at every Λ₂"
     if an.empty:
         checks.append(_not_measured("AnInfoNCE keeps both blocks", crit_b, "no AnInfoNCE per-block R²"))
     else:
         worst = an.loc[an["mean"].idxmin()]
-        checks.append(Check("AnInfoNCE keeps both blocks",
-                            f"lowest block R² {worst['mean']:.3f} ({_BLOCK_NAMES[worst['block']]}, "
-                            f"Λ₂={worst['x']:g})",
-                            crit_b, bool(an["mean"].min() >= 0.95)))
+        checks.append(
+            Check(
+                "AnInfoNCE keeps both blocks",
+                f"lowest block R² {worst['mean']:.3f} ({_BLOCK_NAMES[worst['block']]}, Λ₂={worst['x']:g})",
+                crit_b,
+                bool(an["mean"].min() >= 0.95),
+            )
+        )
     return ClaimResult(
-        1, "Anisotropy: InfoNCE loses the style block, AnInfoNCE keeps both", "Rusak et al. 2024, Fig. 2A",
+        1,
+        "Anisotropy: InfoNCE loses the style block, AnInfoNCE keeps both",
+        "Rusak et al. 2024, Fig. 2A",
         "InfoNCE's style-block R² collapses as Λ₂ grows (Λ₁ = 5); AnInfoNCE stays ≈ 1 on both blocks",
-        " / ".join(c.value for c in checks), checks,
-        {"blocks": blocks.to_dict("records")})
+        " / ".join(c.value for c in checks),
+        checks,
+        {"blocks": blocks.to_dict("records")},
+    )
 
 
 # --------------------------------------------------------------------------- claim 2: Fig. 2B-D
@@ -84,45 +97,75 @@ def claim_bimodal(df: pd.DataFrame, ctx: RunContext) -> ClaimResult:
     fin = final_rows(df)
     checks = []
     crit = "final R² (mean over seeds) ≥ 0.99"
-    checks.append(Check("R² at the end", fmt_ms(fin["r2"]), crit, bool(fin["r2"].mean() >= 0.99))
-                  if not _missing(fin, "r2") else _not_measured("R² at the end", crit, "no r2"))
+    checks.append(
+        Check("R² at the end", fmt_ms(fin["r2"]), crit, bool(fin["r2"].mean() >= 0.99))
+        if not _missing(fin, "r2")
+        else _not_measured("R² at the end", crit, "no r2")
+    )
     lams = _block_lambdas(df)
     crit = "every seed: content (high-Λ) block reaches each R² target in 0.5–0.99 no later than the style block"
     if len(lams) < 2:
         checks.append(_not_measured("content block first", crit, "fewer than two Λ blocks"))
     else:
         style, content = _block_col(lams[0]), _block_col(lams[-1])
-        per_seed = {str(seed): _content_first(t.sort_values("step"), style, content)
-                    for seed, t in df.groupby("seed", sort=True)}
+        per_seed = {
+            str(seed): _content_first(t.sort_values("step"), style, content)
+            for seed, t in df.groupby("seed", sort=True)
+        }
         verdicts = list(per_seed.values())
-        checks.append(Check("content block first", ", ".join(f"seed {k}: {v}" for k, v in per_seed.items()),
-                            crit, None if None in verdicts and False not in verdicts else _all_or_none(verdicts)))
+        checks.append(
+            Check(
+                "content block first",
+                ", ".join(f"seed {k}: {v}" for k, v in per_seed.items()),
+                crit,
+                None if None in verdicts and False not in verdicts else _all_or_none(verdicts),
+            )
+        )
     crit = "(loss − floor) / floor ≤ 2 % at the end (mean over seeds)"
     if _missing(fin, "eval_loss", "loss_floor"):
         checks.append(_not_measured("loss near its floor", crit, "no eval_loss / loss_floor"))
     else:
         rel = (fin["eval_loss"] - fin["loss_floor"]) / fin["loss_floor"].abs()
-        checks.append(Check("loss near its floor", "gap " + fmt_ms(rel * 100, 1).replace(" (", " % (", 1),
-                            crit, bool(rel.mean() <= 0.02)))
+        checks.append(
+            Check(
+                "loss near its floor",
+                "gap " + fmt_ms(rel * 100, 1).replace(" (", " % (", 1),
+                crit,
+                bool(rel.mean() <= 0.02),
+            )
+        )
     crit = "max |Λ̂ − Λ| / Λ of the sorted values ≤ 15 % (mean over seeds)"
     if _missing(fin, "lambda_max_rel_error"):
         checks.append(_not_measured("Λ̂ recovery", crit, "no lambda_max_rel_error"))
     else:
         err = fin["lambda_max_rel_error"]
-        checks.append(Check("Λ̂ recovery", "max rel. error " + fmt_ms(err * 100, 0).replace(" (", " % (", 1),
-                            crit, bool(err.mean() <= 0.15)))
+        checks.append(
+            Check(
+                "Λ̂ recovery",
+                "max rel. error " + fmt_ms(err * 100, 0).replace(" (", " % (", 1),
+                crit,
+                bool(err.mean() <= 0.15),
+            )
+        )
     hats = fin[[c for c in fin.columns if re.fullmatch(r"lambda_hat_\d+", c)]]
     return ClaimResult(
-        2, "Bimodal Λ = 5/25: convergence, content first, loss floor, Λ̂", "Rusak et al. 2024, Fig. 2B–D",
+        2,
+        "Bimodal Λ = 5/25: convergence, content first, loss floor, Λ̂",
+        "Rusak et al. 2024, Fig. 2B–D",
         "R² → ≈ 1 (≥ 0.99); the Λ = 25 block is learned first; the loss reaches its floor; Λ̂ → (5, 25)",
-        f"R² {fmt_ms(fin['r2'])}", checks,
-        {"lambda_hat_sorted": [sorted(round(v, 2) for v in row) for row in hats.to_numpy().tolist()],
-         "block_lambdas": lams})
+        f"R² {fmt_ms(fin['r2'])}",
+        checks,
+        {
+            "lambda_hat_sorted": [sorted(round(v, 2) for v in row) for row in hats.to_numpy().tolist()],
+            "block_lambdas": lams,
+        },
+    )
 
 
 # --------------------------------------------------------------------------- claim 3: Fig. 3C/D
 def _lambda_range_rows(fin: pd.DataFrame, top: float) -> pd.DataFrame:
     """Rows whose largest Λ block is ``top`` (the 5 → 50 setting among the linear ranges)."""
+
     def largest(row: pd.Series) -> float:
         lams = [float(m.group(1)) for c in row.index if (m := _R2_BLOCK.match(c)) and pd.notna(row[c])]
         return max(lams) if lams else math.nan
@@ -135,8 +178,9 @@ def _lambda_tracks(an: pd.DataFrame) -> Check:
     name, crit = "Λ̂ tracks Λ (rank correlation)", "Spearman(Λ̂ of the output matched to latent j, Λⱼ) ≥ 0.9"
     rho = an["lambda_rank_corr"].dropna() if "lambda_rank_corr" in an else pd.Series(dtype=float)
     if rho.empty:
-        return _not_measured(name, crit, "the run predates the lambda_rank_corr metric (outputs matched to "
-                             "latents as in MCC); rerun it")
+        return _not_measured(
+            name, crit, "the run predates the lambda_rank_corr metric (outputs matched to latents as in MCC); rerun it"
+        )
     return Check(name, f"ρ = {fmt_ms(rho, 2)}", crit, bool(rho.mean() >= 0.9))
 
 
@@ -152,17 +196,28 @@ def claim_linear_lambda(df: pd.DataFrame, ctx: RunContext) -> ClaimResult:
         (ma, sa, na), (mi, si, ni) = mean_sd(an["r2"]), mean_sd(inf["r2"])
         gap = ma - mi
         noise = 2 * math.hypot(sa, si) if na > 1 and ni > 1 else 0.0
-        checks.append(Check("InfoNCE below AnInfoNCE",
-                            f"AnInfoNCE {fmt_ms(an['r2'])} vs InfoNCE {fmt_ms(inf['r2'])} (gap {gap:+.3f})",
-                            crit, bool(gap >= 0.05 and gap > noise)))
+        checks.append(
+            Check(
+                "InfoNCE below AnInfoNCE",
+                f"AnInfoNCE {fmt_ms(an['r2'])} vs InfoNCE {fmt_ms(inf['r2'])} (gap {gap:+.3f})",
+                crit,
+                bool(gap >= 0.05 and gap > noise),
+            )
+        )
     hats = an[[c for c in an.columns if re.fullmatch(r"lambda_hat_\d+", c)]]
     err = an["lambda_max_rel_error"] if "lambda_max_rel_error" in an else pd.Series(dtype=float)
     return ClaimResult(
-        3, "Λ linearly spaced 5 → 50: Λ̂ tracks Λ, InfoNCE lower", "Rusak et al. 2024, Fig. 3C/D (MLP g here)",
+        3,
+        "Λ linearly spaced 5 → 50: Λ̂ tracks Λ, InfoNCE lower",
+        "Rusak et al. 2024, Fig. 3C/D (MLP g here)",
         "AnInfoNCE R² 99.7 % (5→50) / 99.6 % (5→200), InfoNCE 77.4 % / 76.3 %; Λ̂ approaches Λ except Λ > 100",
-        " / ".join(c.value for c in checks), checks,
-        {"lambda_hat_sorted": [sorted(round(v, 1) for v in row) for row in hats.to_numpy().tolist()],
-         "sorted_lambda_max_rel_error": fmt_ms(err)})
+        " / ".join(c.value for c in checks),
+        checks,
+        {
+            "lambda_hat_sorted": [sorted(round(v, 1) for v in row) for row in hats.to_numpy().tolist()],
+            "sorted_lambda_max_rel_error": fmt_ms(err),
+        },
+    )
 
 
 # --------------------------------------------------------------------------- claim 4: Fig. 4A / 9
@@ -174,8 +229,12 @@ def _itt_grows(df: pd.DataFrame, ctx: RunContext, x: str) -> Check:
     raw = iterations_to_targets(df, [x] if x in df.columns else [], list(ITT_TARGETS))
     if raw.empty or x not in raw.columns:
         return _not_measured("iterations grow with d", crit, "no R² time series")
-    data = raw.groupby([x, "target"], sort=True)["iterations"].agg(
-        iterations="mean", n_reached="count", n_seeds="size").reset_index().rename(columns={x: "x"})
+    data = (
+        raw.groupby([x, "target"], sort=True)["iterations"]
+        .agg(iterations="mean", n_reached="count", n_seeds="size")
+        .reset_index()
+        .rename(columns={x: "x"})
+    )
     if data.empty:
         return _not_measured("iterations grow with d", crit, "no R² time series")
     verdicts, parts = [], []
@@ -185,8 +244,11 @@ def _itt_grows(df: pd.DataFrame, ctx: RunContext, x: str) -> Check:
             continue
         rho = spearman(g["x"], its)
         verdicts.append(_sign_ok(rho, +1))
-        parts.append(f"R²≥{target:g}: " + ", ".join(f"{fmt_x}→{'∞' if np.isinf(i) else int(i)}"
-                                                   for fmt_x, i in zip(g["x"], its)) + f" (ρ={rho:+.2f})")
+        parts.append(
+            f"R²≥{target:g}: "
+            + ", ".join(f"{fmt_x}→{'∞' if np.isinf(i) else int(i)}" for fmt_x, i in zip(g["x"], its))
+            + f" (ρ={rho:+.2f})"
+        )
     if not verdicts:
         return _not_measured("iterations grow with d", crit, "no setting reached any target R²")
     return Check("iterations grow with d", "; ".join(parts), crit, _all_or_none(verdicts))
@@ -195,17 +257,25 @@ def _itt_grows(df: pd.DataFrame, ctx: RunContext, x: str) -> Check:
 def claim_batch_vs_dim(df: pd.DataFrame, ctx: RunContext) -> ClaimResult:
     """Fig. 4A / 9: R² falls with d (fixed batch), rises with the batch (fixed d); iterations grow with d."""
     fin = final_rows(df)
-    a, rho_d = _groupwise_sign(fin, "batch_size", "latent_dim", "r2", -1, "R² falls with d",
-                               "Spearman(d, final R²) < 0 at every batch size")
-    b, rho_b = _groupwise_sign(fin, "latent_dim", "batch_size", "r2", +1, "R² rises with the batch",
-                               "Spearman(batch, final R²) > 0 at every d")
+    a, rho_d = _groupwise_sign(
+        fin, "batch_size", "latent_dim", "r2", -1, "R² falls with d", "Spearman(d, final R²) < 0 at every batch size"
+    )
+    b, rho_b = _groupwise_sign(
+        fin, "latent_dim", "batch_size", "r2", +1, "R² rises with the batch", "Spearman(batch, final R²) > 0 at every d"
+    )
     c = _itt_grows(df, ctx, "latent_dim")
-    table = _seed_means(fin, ["latent_dim", "batch_size"], "r2") if not _missing(fin, "latent_dim", "batch_size") else None
+    table = (
+        _seed_means(fin, ["latent_dim", "batch_size"], "r2") if not _missing(fin, "latent_dim", "batch_size") else None
+    )
     return ClaimResult(
-        4, "Batch size × latent dimension", "Rusak et al. 2024, Fig. 4A and Fig. 9",
+        4,
+        "Batch size × latent dimension",
+        "Rusak et al. 2024, Fig. 4A and Fig. 9",
         "R² falls with d at a fixed batch, rises with the batch at a fixed d; iterations to R² 0.7–0.9 grow with d",
-        f"ρ(d, R²) ∈ [{_rng(rho_d)}], ρ(batch, R²) ∈ [{_rng(rho_b)}]", [a, b, c],
-        {"final_r2": None if table is None else table.to_dict("records")})
+        f"ρ(d, R²) ∈ [{_rng(rho_d)}], ρ(batch, R²) ∈ [{_rng(rho_b)}]",
+        [a, b, c],
+        {"final_r2": None if table is None else table.to_dict("records")},
+    )
 
 
 def _rng(rhos: dict[str, float]) -> str:
@@ -228,12 +298,22 @@ def claim_batch_vs_lambda(df: pd.DataFrame, ctx: RunContext) -> ClaimResult:
     fin = final_rows(df)
     if "concentration" in fin.columns:
         fin = fin.assign(concentration=pd.to_numeric(fin["concentration"], errors="coerce"))
-    a, _ = _groupwise_sign(fin, "batch_size", "concentration", "r2", -1, "R² falls with Λ",
-                           "Spearman(Λ, final R²) < 0 at every batch size")
-    b, _ = _groupwise_sign(fin, "concentration", "batch_size", "r2", +1, "R² rises with the batch",
-                           "Spearman(batch, final R²) > 0 at every Λ")
-    crit = ("for every R² target in 0.5–0.9 reached by some Λ, the smallest batch reaching it never falls as Λ grows "
-            "(∞ = not reached), and rises somewhere")
+    a, _ = _groupwise_sign(
+        fin, "batch_size", "concentration", "r2", -1, "R² falls with Λ", "Spearman(Λ, final R²) < 0 at every batch size"
+    )
+    b, _ = _groupwise_sign(
+        fin,
+        "concentration",
+        "batch_size",
+        "r2",
+        +1,
+        "R² rises with the batch",
+        "Spearman(batch, final R²) > 0 at every Λ",
+    )
+    crit = (
+        "for every R² target in 0.5–0.9 reached by some Λ, the smallest batch reaching it never falls as Λ grows "
+        "(∞ = not reached), and rises somewhere"
+    )
     if _missing(fin, "concentration", "batch_size", "r2"):
         c = _not_measured("batch needed grows with Λ", crit, "needs concentration, batch_size and r2")
     else:
@@ -242,9 +322,16 @@ def claim_batch_vs_lambda(df: pd.DataFrame, ctx: RunContext) -> ClaimResult:
         needed = {t: n for t, n in needed.items() if not all(math.isinf(v) for v in n.values())}
         pairs = [(a, b) for n in needed.values() for a, b in zip(list(n.values()), list(n.values())[1:])]
         verdict = all(a <= b for a, b in pairs) and any(a < b for a, b in pairs) if pairs else None
-        text = "; ".join(f"R²≥{t:g}: " + ", ".join(f"Λ={lam:g}→{'∞' if math.isinf(v) else int(v)}"
-                                                  for lam, v in n.items()) for t, n in needed.items())
+        text = "; ".join(
+            f"R²≥{t:g}: " + ", ".join(f"Λ={lam:g}→{'∞' if math.isinf(v) else int(v)}" for lam, v in n.items())
+            for t, n in needed.items()
+        )
         c = Check("batch needed grows with Λ", text or "no target reached", crit, verdict)
     return ClaimResult(
-        5, "Larger Λ needs a larger batch (d = 20)", "Rusak et al. 2024, Fig. 4B",
-        "at d = 20, a larger Λ needs a larger batch size for the same R²", c.value, [a, b, c])
+        5,
+        "Larger Λ needs a larger batch (d = 20)",
+        "Rusak et al. 2024, Fig. 4B",
+        "at d = 20, a larger Λ needs a larger batch size for the same R²",
+        c.value,
+        [a, b, c],
+    )

@@ -142,8 +142,15 @@ class EnsembleAnInfoNCE(ContrastiveLoss):
         views: a sequence of ``k`` pairs ``(h1, h2)``, each ``(B, d)``; returns a scalar.
     """
 
-    def __init__(self, dim: int, k: int, *, fixed: list | None = None, init_std: float = 0.1,
-                 generator: torch.Generator | None = None):
+    def __init__(
+        self,
+        dim: int,
+        k: int,
+        *,
+        fixed: list | None = None,
+        init_std: float = 0.1,
+        generator: torch.Generator | None = None,
+    ):
         super().__init__()
         if k < 1:
             raise ValueError(f"an ensemble needs k >= 1 DGPs, got {k}")
@@ -151,7 +158,8 @@ class EnsembleAnInfoNCE(ContrastiveLoss):
             raise ValueError(f"fixed: one Λ̂ per DGP ({k}), got {len(fixed)}")
         self.members = nn.ModuleList(
             AnInfoNCE(dim, None if fixed is None else fixed[i], init_std=init_std, generator=generator)
-            for i in range(k))
+            for i in range(k)
+        )
 
     @property
     def lambda_hat(self) -> Tensor:

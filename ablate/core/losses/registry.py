@@ -39,8 +39,9 @@ def _fixed(config: RunConfig) -> list[float] | None:
 def _aninfonce(config: RunConfig, generator: torch.Generator) -> ContrastiveLoss:
     d, std = config.latent_dim, config.lambda_hat_init_std
     if config.negative_concentration is not None:
-        return HardNegativeAnInfoNCE(d, _fixed(config), batch_negatives=config.batch_negatives, init_std=std,
-                                     generator=generator)
+        return HardNegativeAnInfoNCE(
+            d, _fixed(config), batch_negatives=config.batch_negatives, init_std=std, generator=generator
+        )
     return AnInfoNCE(d, _fixed(config), init_std=std, generator=generator)
 
 
@@ -58,14 +59,18 @@ LOSSES: dict[str, LossKind] = {
     "infonce": LossKind("infonce", lambda c, g: InfoNCE(c.tau), lambda c, active: InfoNCE(c.tau)),
     "ensemble_aninfonce": LossKind(
         "ensemble_aninfonce",
-        lambda c, g: EnsembleAnInfoNCE(c.latent_dim, len(c.lambda_ensemble), init_std=c.lambda_hat_init_std,
-                                       generator=g),
-        lambda c, active: EnsembleAnInfoNCE(c.latent_dim, len(c.lambda_ensemble), fixed=c.lambda_ensemble)),
+        lambda c, g: EnsembleAnInfoNCE(
+            c.latent_dim, len(c.lambda_ensemble), init_std=c.lambda_hat_init_std, generator=g
+        ),
+        lambda c, active: EnsembleAnInfoNCE(c.latent_dim, len(c.lambda_ensemble), fixed=c.lambda_ensemble),
+    ),
     "tricl": LossKind(
         "tricl",
-        lambda c, g: TriCL(c.latent_dim, decorrelation=c.tricl_decorrelation, init_std=c.lambda_hat_init_std,
-                           generator=g),
-        lambda c, active: None),
+        lambda c, g: TriCL(
+            c.latent_dim, decorrelation=c.tricl_decorrelation, init_std=c.lambda_hat_init_std, generator=g
+        ),
+        lambda c, active: None,
+    ),
 }
 
 

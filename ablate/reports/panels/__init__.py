@@ -20,5 +20,17 @@ from ablate.reports.panels.base import (
     panel_figure,
 )
 
-__all__ = ["PANELS", "X_COLUMNS", "Option", "PanelKind", "PanelResult", "PanelSpec", "RunContext", "apply_where",
-           "compute_panels", "final_rows", "panel_data", "panel_figure"]
+__all__ = [
+    "PANELS",
+    "X_COLUMNS",
+    "Option",
+    "PanelKind",
+    "PanelResult",
+    "PanelSpec",
+    "RunContext",
+    "apply_where",
+    "compute_panels",
+    "final_rows",
+    "panel_data",
+    "panel_figure",
+]

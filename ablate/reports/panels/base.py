@@ -92,7 +92,6 @@ class PanelKind:
     options: dict[str, Option]
 
 
-
 def register(kind: PanelKind) -> PanelKind:
     """Add a panel kind to :data:`PANELS` (a dashboard YAML names it by ``kind.name``)."""
     PANELS[kind.name] = kind
@@ -231,18 +230,29 @@ def make_facets(names: list[str], cols: int = 3, **kwargs) -> tuple[go.Figure, d
     names = names or [""]
     ncols = min(cols, len(names))
     nrows = math.ceil(len(names) / ncols)
-    fig = make_subplots(rows=nrows, cols=ncols, subplot_titles=[str(n) for n in names] if names != [""] else None,
-                        horizontal_spacing=0.08, vertical_spacing=min(0.12, 0.35 / max(nrows - 1, 1)), **kwargs)
+    fig = make_subplots(
+        rows=nrows,
+        cols=ncols,
+        subplot_titles=[str(n) for n in names] if names != [""] else None,
+        horizontal_spacing=0.08,
+        vertical_spacing=min(0.12, 0.35 / max(nrows - 1, 1)),
+        **kwargs,
+    )
     where = {n: (i // ncols + 1, i % ncols + 1) for i, n in enumerate(names)}
     fig.update_layout(height=140 + 300 * nrows)
     return fig, where
 
 
-def finish(fig: go.Figure, spec: PanelSpec, *, x: str = "", y: str = "", log_x: bool = False,
-            log_y: bool = False) -> go.Figure:
+def finish(
+    fig: go.Figure, spec: PanelSpec, *, x: str = "", y: str = "", log_x: bool = False, log_y: bool = False
+) -> go.Figure:
     """The common layout of a panel's figure: title, margins, axis titles and log scales."""
-    fig.update_layout(template="plotly_white", title=spec.title or PANELS[spec.kind].title,
-                      margin={"l": 60, "r": 30, "t": 80, "b": 50}, legend={"font": {"size": 11}})
+    fig.update_layout(
+        template="plotly_white",
+        title=spec.title or PANELS[spec.kind].title,
+        margin={"l": 60, "r": 30, "t": 80, "b": 50},
+        legend={"font": {"size": 11}},
+    )
     if x:
         fig.update_xaxes(title_text=x)
     if y:
@@ -257,8 +267,9 @@ def finish(fig: go.Figure, spec: PanelSpec, *, x: str = "", y: str = "", log_x: 
 def empty_figure(spec: PanelSpec, message: str) -> go.Figure:
     """A figure that says why there is nothing to show yet."""
     fig = go.Figure()
-    fig.add_annotation(text=message, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper",
-                       font={"size": 14, "color": "#666"})
+    fig.add_annotation(
+        text=message, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper", font={"size": 14, "color": "#666"}
+    )
     fig.update_xaxes(visible=False)
     fig.update_yaxes(visible=False)
     fig.update_layout(height=260)
@@ -277,7 +288,6 @@ def label_value(label: Any) -> Any:
     if isinstance(label, str) and "=" in label:
         return label.split("=", 1)[1].split(",", 1)[0]
     return label
-
 
 
 @dataclass

@@ -59,8 +59,11 @@ def _r2_curves_data(df: pd.DataFrame, spec: PanelSpec, ctx: RunContext) -> pd.Da
         if len(metrics) > 1:
             label = metric_label(metric)
             stats["series"] = stats["series"].map(lambda s, m=label: f"{s} · {m}" if s != "all trials" else m)
-        stats["color"] = stats.apply(lambda r: group_key(r, color_axes), axis=1) if color_axes else (
-            metric_label(metric) if len(metrics) > 1 else stats["series"])
+        stats["color"] = (
+            stats.apply(lambda r: group_key(r, color_axes), axis=1)
+            if color_axes
+            else (metric_label(metric) if len(metrics) > 1 else stats["series"])
+        )
         stats["facet"] = stats.apply(lambda r: group_key(r, facet_axes), axis=1) if facet_axes else ""
         frames.append(stats[cols])
     if not frames:
@@ -69,8 +72,16 @@ def _r2_curves_data(df: pd.DataFrame, spec: PanelSpec, ctx: RunContext) -> pd.Da
     return out.sort_values(["facet", "series", "x"], key=natural_col, kind="stable").reset_index(drop=True)
 
 
-def _draw_curves(data: pd.DataFrame, spec: PanelSpec, *, x_title: str, y_title: str, log_x=False, log_y=False,
-                 y_range: list[float] | None = None) -> go.Figure:
+def _draw_curves(
+    data: pd.DataFrame,
+    spec: PanelSpec,
+    *,
+    x_title: str,
+    y_title: str,
+    log_x=False,
+    log_y=False,
+    y_range: list[float] | None = None,
+) -> go.Figure:
     facets = sorted_unique(data["facet"]) if not data.empty else [""]
     fig, where = make_facets([f for f in facets], shared_yaxes=True)
     colors = palette(sorted(sorted_unique(data["color"]), key=lambda v: sort_key(label_value(v))))
@@ -81,14 +92,36 @@ def _draw_curves(data: pd.DataFrame, spec: PanelSpec, *, x_title: str, y_title: 
         legend = str(g["color"].iloc[0])
         if int(g["n_seeds"].max()) > 1:
             xs = list(g["x"])
-            fig.add_trace(go.Scatter(x=xs + xs[::-1], y=list(g["hi"]) + list(g["lo"])[::-1], fill="toself",
-                                     fillcolor=rgba(c, 0.18), line={"width": 0}, hoverinfo="skip",
-                                     showlegend=False, legendgroup=legend), row=row, col=col)
-        fig.add_trace(go.Scatter(x=g["x"], y=g["mean"], mode=trace_mode(len(g)), marker={"size": 5},
-                                 line={"color": c, "width": 2}, name=legend, legendgroup=legend,
-                                 showlegend=legend not in shown, hovertext=series,
-                                 hovertemplate="%{hovertext}<br>x=%{x}<br>y=%{y:.4f}<extra></extra>"),
-                      row=row, col=col)
+            fig.add_trace(
+                go.Scatter(
+                    x=xs + xs[::-1],
+                    y=list(g["hi"]) + list(g["lo"])[::-1],
+                    fill="toself",
+                    fillcolor=rgba(c, 0.18),
+                    line={"width": 0},
+                    hoverinfo="skip",
+                    showlegend=False,
+                    legendgroup=legend,
+                ),
+                row=row,
+                col=col,
+            )
+        fig.add_trace(
+            go.Scatter(
+                x=g["x"],
+                y=g["mean"],
+                mode=trace_mode(len(g)),
+                marker={"size": 5},
+                line={"color": c, "width": 2},
+                name=legend,
+                legendgroup=legend,
+                showlegend=legend not in shown,
+                hovertext=series,
+                hovertemplate="%{hovertext}<br>x=%{x}<br>y=%{y:.4f}<extra></extra>",
+            ),
+            row=row,
+            col=col,
+        )
         shown.add(legend)
     fig = finish(fig, spec, x=x_title, y=y_title, log_x=log_x, log_y=log_y)
     if y_range:
@@ -102,9 +135,14 @@ def _r2_curves_draw(data: pd.DataFrame, spec: PanelSpec, ctx: RunContext) -> go.
     metrics = sorted_unique(data["metric"])
     metric_names = metric_label(metrics[0]) if len(metrics) == 1 else "value (legend: metric)"
     y_range = [-0.05, 1.05] if all(str(m).startswith(("r2", "mcc")) for m in data["metric"].unique()) else None
-    return _draw_curves(data, spec, x_title=spec.get("x"), y_title=metric_names + " (mean over seeds; band: min–max)",
-                        log_x=bool(spec.get("log_x")), y_range=y_range)
-
+    return _draw_curves(
+        data,
+        spec,
+        x_title=spec.get("x"),
+        y_title=metric_names + " (mean over seeds; band: min–max)",
+        log_x=bool(spec.get("log_x")),
+        y_range=y_range,
+    )
 
 
 # --------------------------------------------------------------------------- lambda_hat_curves (Fig. 2D, 3C/D, 11B/C)
@@ -143,8 +181,18 @@ def _lambda_hat_data(df: pd.DataFrame, spec: PanelSpec, ctx: RunContext) -> pd.D
                 continue
             members.add(member)
             for xv, v in zip(sub[x], sub[c]):
-                rows.append({"facet": trial["facet"], "trial_id": trial["trial_id"], "member": member, "dim": int(i),
-                             "kind": "learned", "truth": "", "x": xv, "value": float(v)})
+                rows.append(
+                    {
+                        "facet": trial["facet"],
+                        "trial_id": trial["trial_id"],
+                        "member": member,
+                        "dim": int(i),
+                        "kind": "learned",
+                        "truth": "",
+                        "x": xv,
+                        "value": float(v),
+                    }
+                )
         cfg = ctx.configs.get(trial["trial_id"])
         if cfg is None or tdf.empty:
             continue
@@ -152,8 +200,18 @@ def _lambda_hat_data(df: pd.DataFrame, spec: PanelSpec, ctx: RunContext) -> pd.D
             values, what = _truth(cfg, member)
             for v in sorted(set(values)):
                 for xv in (tdf[x].min(), tdf[x].max()):
-                    rows.append({"facet": trial["facet"], "trial_id": trial["trial_id"], "member": member,
-                                 "dim": -1, "kind": "true", "truth": what, "x": xv, "value": float(v)})
+                    rows.append(
+                        {
+                            "facet": trial["facet"],
+                            "trial_id": trial["trial_id"],
+                            "member": member,
+                            "dim": -1,
+                            "kind": "true",
+                            "truth": what,
+                            "x": xv,
+                            "value": float(v),
+                        }
+                    )
     if not rows:
         return pd.DataFrame(columns=cols)
     return pd.DataFrame(rows, columns=cols)
@@ -173,21 +231,39 @@ def _lambda_hat_draw(data: pd.DataFrame, spec: PanelSpec, ctx: RunContext) -> go
         if kind == "true":
             for v, gv in g.groupby("value"):
                 name = f"true {gv['truth'].iloc[0]}"
-                fig.add_trace(go.Scatter(x=gv["x"], y=gv["value"], mode="lines", name=name, legendgroup="true",
-                                         showlegend=name not in shown, line={"color": "black", "dash": "dash",
-                                                                             "width": 1.5},
-                                         hovertemplate=f"{name} = {v:g}<extra></extra>"), row=row, col=col)
+                fig.add_trace(
+                    go.Scatter(
+                        x=gv["x"],
+                        y=gv["value"],
+                        mode="lines",
+                        name=name,
+                        legendgroup="true",
+                        showlegend=name not in shown,
+                        line={"color": "black", "dash": "dash", "width": 1.5},
+                        hovertemplate=f"{name} = {v:g}<extra></extra>",
+                    ),
+                    row=row,
+                    col=col,
+                )
                 shown.add(name)
             continue
         key = dim if len(dims) > 2 else f"dim {dim}"
         name = f"Λ̂{member + 1 if data['member'].max() > 0 else ''} dim {dim}"
-        fig.add_trace(go.Scatter(x=g["x"], y=g["value"], mode=trace_mode(len(g)), name=name, legendgroup=name,
-                                 showlegend=name not in shown,
-                                 line={"color": colors.get(key, "#444"), "dash": dash_by_member[member % 4]}),
-                      row=row, col=col)
+        fig.add_trace(
+            go.Scatter(
+                x=g["x"],
+                y=g["value"],
+                mode=trace_mode(len(g)),
+                name=name,
+                legendgroup=name,
+                showlegend=name not in shown,
+                line={"color": colors.get(key, "#444"), "dash": dash_by_member[member % 4]},
+            ),
+            row=row,
+            col=col,
+        )
         shown.add(name)
     return finish(fig, spec, x=spec.get("x"), y="Λ̂ (learned concentration)", log_y=bool(spec.get("log_y")))
-
 
 
 # --------------------------------------------------------------------------- loss_vs_floor (Fig. 2C)
@@ -229,45 +305,81 @@ def _loss_floor_draw(data: pd.DataFrame, spec: PanelSpec, ctx: RunContext) -> go
         row, col = where[facet]
         color = str(g["color"].iloc[0])
         name = f"{color} · {'loss' if kind == 'loss' else 'floor (ẑ = z, Λ̂ = Λ)'}"
-        fig.add_trace(go.Scatter(x=g["x"], y=g["mean"], mode=trace_mode(len(g)), name=name, legendgroup=name,
-                                 showlegend=name not in shown, hovertext=series,
-                                 line={"color": colors.get(color, "#444"), "dash": "solid" if kind == "loss" else "dash"},
-                                 hovertemplate="%{hovertext}<br>x=%{x}<br>%{y:.4f}<extra></extra>"),
-                      row=row, col=col)
+        fig.add_trace(
+            go.Scatter(
+                x=g["x"],
+                y=g["mean"],
+                mode=trace_mode(len(g)),
+                name=name,
+                legendgroup=name,
+                showlegend=name not in shown,
+                hovertext=series,
+                line={"color": colors.get(color, "#444"), "dash": "solid" if kind == "loss" else "dash"},
+                hovertemplate="%{hovertext}<br>x=%{x}<br>%{y:.4f}<extra></extra>",
+            ),
+            row=row,
+            col=col,
+        )
         shown.add(name)
-    return finish(fig, spec, x=spec.get("x"), y=f"{spec.get('loss')} (solid) and its floor (dashed)",
-                   log_y=bool(spec.get("log_y")))
+    return finish(
+        fig,
+        spec,
+        x=spec.get("x"),
+        y=f"{spec.get('loss')} (solid) and its floor (dashed)",
+        log_y=bool(spec.get("log_y")),
+    )
 
 
 # --------------------------------------------------------------------------- registry
-register(PanelKind(
-    "r2_curves", "R² during training",
-    "R² (or another reported metric) against iterations: one line per grid point, the mean over seeds with a "
-    "min–max band, coloured and faceted by grid axes.",
-    _r2_curves_data, _r2_curves_draw,
-    {"y": Option((str, list), "r2", "metric column(s) or glob pattern(s), e.g. r2_lambda_*"),
-     "x": Option((str,), "step", "x axis", choices=X_COLUMNS),
-     "color": Option(COMMON_FACETS, None, "axis (or axes) giving the line colour", axis=True),
-     "facet": Option(COMMON_FACETS, None, "axis (or axes) giving one subplot per value", axis=True),
-     "log_x": Option((bool,), False, "log-scale x axis")}))
+register(
+    PanelKind(
+        "r2_curves",
+        "R² during training",
+        "R² (or another reported metric) against iterations: one line per grid point, the mean over seeds with a "
+        "min–max band, coloured and faceted by grid axes.",
+        _r2_curves_data,
+        _r2_curves_draw,
+        {
+            "y": Option((str, list), "r2", "metric column(s) or glob pattern(s), e.g. r2_lambda_*"),
+            "x": Option((str,), "step", "x axis", choices=X_COLUMNS),
+            "color": Option(COMMON_FACETS, None, "axis (or axes) giving the line colour", axis=True),
+            "facet": Option(COMMON_FACETS, None, "axis (or axes) giving one subplot per value", axis=True),
+            "log_x": Option((bool,), False, "log-scale x axis"),
+        },
+    )
+)
 
-register(PanelKind(
-    "lambda_hat_curves", "Learned Λ̂ during training",
-    "Each learned concentration Λ̂ᵢ against iterations for one seed of each grid point, with the true Λ "
-    "(or Λ⁺ − Λ⁻ with hard negatives) dashed.",
-    _lambda_hat_data, _lambda_hat_draw,
-    {"x": Option((str,), "step", "x axis", choices=X_COLUMNS),
-     "facet": Option(COMMON_FACETS, None, "axes giving one subplot per value (default: every axis)", axis=True),
-     "max_facets": Option((int,), 9, "at most this many subplots"),
-     "log_y": Option((bool,), False, "log-scale Λ̂ axis")}))
+register(
+    PanelKind(
+        "lambda_hat_curves",
+        "Learned Λ̂ during training",
+        "Each learned concentration Λ̂ᵢ against iterations for one seed of each grid point, with the true Λ "
+        "(or Λ⁺ − Λ⁻ with hard negatives) dashed.",
+        _lambda_hat_data,
+        _lambda_hat_draw,
+        {
+            "x": Option((str,), "step", "x axis", choices=X_COLUMNS),
+            "facet": Option(COMMON_FACETS, None, "axes giving one subplot per value (default: every axis)", axis=True),
+            "max_facets": Option((int,), 9, "at most this many subplots"),
+            "log_y": Option((bool,), False, "log-scale Λ̂ axis"),
+        },
+    )
+)
 
-register(PanelKind(
-    "loss_vs_floor", "Loss against its floor",
-    "The loss on fresh batches against the floor reached by the true latents with the true Λ (the global "
-    "minimum), mean over seeds.",
-    _loss_floor_data, _loss_floor_draw,
-    {"loss": Option((str,), "eval_loss", "loss column", choices=("eval_loss", "loss")),
-     "x": Option((str,), "step", "x axis", choices=X_COLUMNS),
-     "color": Option(COMMON_FACETS, None, "axis (or axes) giving the line colour", axis=True),
-     "facet": Option(COMMON_FACETS, None, "axis (or axes) giving one subplot per value", axis=True),
-     "log_y": Option((bool,), False, "log-scale loss axis")}))
+register(
+    PanelKind(
+        "loss_vs_floor",
+        "Loss against its floor",
+        "The loss on fresh batches against the floor reached by the true latents with the true Λ (the global "
+        "minimum), mean over seeds.",
+        _loss_floor_data,
+        _loss_floor_draw,
+        {
+            "loss": Option((str,), "eval_loss", "loss column", choices=("eval_loss", "loss")),
+            "x": Option((str,), "step", "x axis", choices=X_COLUMNS),
+            "color": Option(COMMON_FACETS, None, "axis (or axes) giving the line colour", axis=True),
+            "facet": Option(COMMON_FACETS, None, "axis (or axes) giving one subplot per value", axis=True),
+            "log_y": Option((bool,), False, "log-scale loss axis"),
+        },
+    )
+)

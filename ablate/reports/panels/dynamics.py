@@ -62,24 +62,51 @@ def _itt_draw(data: pd.DataFrame, spec: PanelSpec, ctx: RunContext) -> go.Figure
         target = key[1] if isinstance(key, tuple) and len(key) > 1 else None
         name = str(color) if target is None or str(color).startswith("R²") else f"{color} · R² ≥ {target:g}"
         hover = [f"reached by {int(n)}/{int(s)} seeds" for n, s in zip(g["n_reached"], g["n_seeds"])]
-        fig.add_trace(go.Scatter(x=g["x"], y=g["iterations"], mode="lines+markers", name=name or "iterations",
-                                 line={"color": colors.get(color, "#444")}, hovertext=hover,
-                                 marker={"size": 9, "symbol": symbols[targets.index(target) % 6] if target is not None
-                                         else "circle"},
-                                 hovertemplate="x=%{x}<br>iterations=%{y}<br>%{hovertext}<extra></extra>"))
+        fig.add_trace(
+            go.Scatter(
+                x=g["x"],
+                y=g["iterations"],
+                mode="lines+markers",
+                name=name or "iterations",
+                line={"color": colors.get(color, "#444")},
+                hovertext=hover,
+                marker={"size": 9, "symbol": symbols[targets.index(target) % 6] if target is not None else "circle"},
+                hovertemplate="x=%{x}<br>iterations=%{y}<br>%{hovertext}<extra></extra>",
+            )
+        )
     missing = data[data["n_reached"] == 0]
     note = f"{len(missing)} of {len(data)} points never reached their target" if len(missing) else ""
-    fig = finish(fig, spec, x="target R²" if spec.get("x") == "target" else spec.get("x"),
-                  y="iterations to target R² (mean over seeds that reached it)", log_y=bool(spec.get("log_y")))
+    fig = finish(
+        fig,
+        spec,
+        x="target R²" if spec.get("x") == "target" else spec.get("x"),
+        y="iterations to target R² (mean over seeds that reached it)",
+        log_y=bool(spec.get("log_y")),
+    )
     if note:
-        fig.add_annotation(text=note, showarrow=False, x=1, y=1.02, xref="paper", yref="paper", xanchor="right",
-                           yanchor="bottom", font={"size": 11, "color": "#a00"})
+        fig.add_annotation(
+            text=note,
+            showarrow=False,
+            x=1,
+            y=1.02,
+            xref="paper",
+            yref="paper",
+            xanchor="right",
+            yanchor="bottom",
+            font={"size": 11, "color": "#a00"},
+        )
     if not data["iterations"].notna().any():
-        fig.add_annotation(text="no trial reached any target R² yet", showarrow=False, x=0.5, y=0.5,
-                           xref="paper", yref="paper", font={"size": 14, "color": "#666"})
+        fig.add_annotation(
+            text="no trial reached any target R² yet",
+            showarrow=False,
+            x=0.5,
+            y=0.5,
+            xref="paper",
+            yref="paper",
+            font={"size": 14, "color": "#666"},
+        )
     fig.update_layout(height=420)
     return fig
-
 
 
 # --------------------------------------------------------------------------- similarity_histograms (Fig. 8C/F)
@@ -105,8 +132,16 @@ def _hist_data(df: pd.DataFrame, spec: PanelSpec, ctx: RunContext) -> pd.DataFra
             edges = np.linspace(-1.0, 1.0, len(mean) + 1)
             centers = (edges[:-1] + edges[1:]) / 2
             for c, d in zip(centers, mean):
-                rows.append({"facet": facet, "kind": kind, "bin_center": float(c), "density": float(d),
-                             "overlap": overlap, "n_seeds": len(g)})
+                rows.append(
+                    {
+                        "facet": facet,
+                        "kind": kind,
+                        "bin_center": float(c),
+                        "density": float(d),
+                        "overlap": overlap,
+                        "n_seeds": len(g),
+                    }
+                )
     return pd.DataFrame(rows, columns=cols)
 
 
@@ -121,29 +156,54 @@ def _hist_draw(data: pd.DataFrame, spec: PanelSpec, ctx: RunContext) -> go.Figur
         row, col = where[title]
         for kind in ("positive", "negative"):
             g = data[(data["facet"] == facet) & (data["kind"] == kind)]
-            fig.add_trace(go.Bar(x=g["bin_center"], y=g["density"], name=f"{kind} pairs", legendgroup=kind,
-                                 showlegend=facet == facets[0], marker={"color": colors[kind]}, opacity=0.6,
-                                 width=2.0 / max(len(g), 1)), row=row, col=col)
+            fig.add_trace(
+                go.Bar(
+                    x=g["bin_center"],
+                    y=g["density"],
+                    name=f"{kind} pairs",
+                    legendgroup=kind,
+                    showlegend=facet == facets[0],
+                    marker={"color": colors[kind]},
+                    opacity=0.6,
+                    width=2.0 / max(len(g), 1),
+                ),
+                row=row,
+                col=col,
+            )
     fig.update_layout(barmode="overlay")
     fig.update_annotations(font_size=11)
     return finish(fig, spec, x="cosine similarity of encodings", y="fraction of pairs")
 
 
 # --------------------------------------------------------------------------- registry
-register(PanelKind(
-    "iterations_to_target", "Iterations to a target R²",
-    "The first iteration at which R² reached each target, mean over the seeds that reached it, against an "
-    "axis (or against the target itself), log scale.",
-    _itt_data, _itt_draw,
-    {"x": Option((str,), None, "axis on x, or 'target'", required=True),
-     "targets": Option((list, float), None, "target R² values", required=True),
-     "color": Option(COMMON_FACETS, None, "axis (or axes) giving one line per value", axis=True),
-     "log_y": Option((bool,), True, "log-scale iterations axis")}))
+register(
+    PanelKind(
+        "iterations_to_target",
+        "Iterations to a target R²",
+        "The first iteration at which R² reached each target, mean over the seeds that reached it, against an "
+        "axis (or against the target itself), log scale.",
+        _itt_data,
+        _itt_draw,
+        {
+            "x": Option((str,), None, "axis on x, or 'target'", required=True),
+            "targets": Option((list, float), None, "target R² values", required=True),
+            "color": Option(COMMON_FACETS, None, "axis (or axes) giving one line per value", axis=True),
+            "log_y": Option((bool,), True, "log-scale iterations axis"),
+        },
+    )
+)
 
-register(PanelKind(
-    "similarity_histograms", "Similarities of positive and negative pairs",
-    "Histograms of the cosine similarity of positive pairs and of negative pairs at the last report, "
-    "mean over seeds, with their overlap.",
-    _hist_data, _hist_draw,
-    {"facet": Option(COMMON_FACETS, None, "axes giving one subplot per value (default: every axis)", axis=True),
-     "max_facets": Option((int,), 9, "at most this many subplots")}))
+register(
+    PanelKind(
+        "similarity_histograms",
+        "Similarities of positive and negative pairs",
+        "Histograms of the cosine similarity of positive pairs and of negative pairs at the last report, "
+        "mean over seeds, with their overlap.",
+        _hist_data,
+        _hist_draw,
+        {
+            "facet": Option(COMMON_FACETS, None, "axes giving one subplot per value (default: every axis)", axis=True),
+            "max_facets": Option((int,), 9, "at most this many subplots"),
+        },
+    )
+)

@@ -60,16 +60,25 @@ def _final_heatmap_draw(data: pd.DataFrame, spec: PanelSpec, ctx: RunContext) ->
             z[i][j] = r["value"]
             text[i][j] = f"{r['value']:.3f}" + (f"<br>n={int(r['n_seeds'])}" if r["n_seeds"] > 1 else "")
         row, col = where[facet]
-        fig.add_trace(go.Heatmap(x=[fmt(v) for v in xs], y=[fmt(v) for v in ys], z=z, text=text,
-                                 texttemplate="%{text}", colorscale="Viridis", zmin=0 if r2_like else None,
-                                 zmax=1 if r2_like else None, colorbar={"title": {"text": metric}},
-                                 hovertemplate=f"{spec.get('x')}=%{{x}}<br>{spec.get('y')}=%{{y}}<br>"
-                                               f"{metric}=%{{z:.4f}}<extra></extra>"),
-                      row=row, col=col)
+        fig.add_trace(
+            go.Heatmap(
+                x=[fmt(v) for v in xs],
+                y=[fmt(v) for v in ys],
+                z=z,
+                text=text,
+                texttemplate="%{text}",
+                colorscale="Viridis",
+                zmin=0 if r2_like else None,
+                zmax=1 if r2_like else None,
+                colorbar={"title": {"text": metric}},
+                hovertemplate=f"{spec.get('x')}=%{{x}}<br>{spec.get('y')}=%{{y}}<br>{metric}=%{{z:.4f}}<extra></extra>",
+            ),
+            row=row,
+            col=col,
+        )
     fig.update_xaxes(type="category")
     fig.update_yaxes(type="category")
     return finish(fig, spec, x=spec.get("x"), y=spec.get("y"))
-
 
 
 # --------------------------------------------------------------------------- r2_blocks_vs_lambda (Fig. 2A)
@@ -79,8 +88,11 @@ def _blocks_data(df: pd.DataFrame, spec: PanelSpec, ctx: RunContext) -> pd.DataF
     if raw.empty:
         return pd.DataFrame(columns=cols)
     color_axes = [a for a in as_list(spec.get("color")) if a in raw.columns]
-    raw = raw.assign(color=raw.apply(lambda r: group_key(r, color_axes), axis=1) if color_axes else "",
-                     x=raw["varied_lambda"], block=raw["block"].map({"first": "Λ₁ block", "last": "Λ₂ block"}))
+    raw = raw.assign(
+        color=raw.apply(lambda r: group_key(r, color_axes), axis=1) if color_axes else "",
+        x=raw["varied_lambda"],
+        block=raw["block"].map({"first": "Λ₁ block", "last": "Λ₂ block"}),
+    )
     out = seed_stats(raw, ["color", "x", "block", "block_lambda"], "r2")
     return out[cols].sort_values(["color", "block", "x"], key=natural_col, kind="stable").reset_index(drop=True)
 
@@ -93,17 +105,30 @@ def _blocks_draw(data: pd.DataFrame, spec: PanelSpec, ctx: RunContext) -> go.Fig
     for (color, block), g in data.groupby(["color", "block"], sort=False):
         name = f"{color} · {block}" if color else block
         c = colors.get(color, "#444")
-        err = {"type": "data", "symmetric": False, "array": g["hi"] - g["mean"], "arrayminus": g["mean"] - g["lo"],
-               "visible": bool((g["n_seeds"] > 1).any())}
-        fig.add_trace(go.Scatter(x=g["x"], y=g["mean"], mode="lines+markers", name=name, error_y=err,
-                                 line={"color": c, "dash": "solid" if block == "Λ₁ block" else "dot"},
-                                 marker={"symbol": "circle" if block == "Λ₁ block" else "square", "size": 8}))
-    fig = finish(fig, spec, x="Λ₂ (concentration of the varied block)", y="final R² of the block",
-                  log_x=bool(spec.get("log_x")))
+        err = {
+            "type": "data",
+            "symmetric": False,
+            "array": g["hi"] - g["mean"],
+            "arrayminus": g["mean"] - g["lo"],
+            "visible": bool((g["n_seeds"] > 1).any()),
+        }
+        fig.add_trace(
+            go.Scatter(
+                x=g["x"],
+                y=g["mean"],
+                mode="lines+markers",
+                name=name,
+                error_y=err,
+                line={"color": c, "dash": "solid" if block == "Λ₁ block" else "dot"},
+                marker={"symbol": "circle" if block == "Λ₁ block" else "square", "size": 8},
+            )
+        )
+    fig = finish(
+        fig, spec, x="Λ₂ (concentration of the varied block)", y="final R² of the block", log_x=bool(spec.get("log_x"))
+    )
     fig.update_yaxes(range=[-0.05, 1.05])
     fig.update_layout(height=420)
     return fig
-
 
 
 # --------------------------------------------------------------------------- loss_vs_fixed_lambda (Fig. 10A)
@@ -113,8 +138,10 @@ def _fixed_lambda_data(df: pd.DataFrame, spec: PanelSpec, ctx: RunContext) -> pd
     if raw.empty:
         return pd.DataFrame(columns=cols)
     color_axes = [a for a in as_list(spec.get("color")) if a in raw.columns]
-    raw = raw.assign(color=raw.apply(lambda r: group_key(r, color_axes), axis=1) if color_axes else "",
-                     optimum_label=raw["hard"].map({True: "Λ⁺ − Λ⁻", False: "Λ⁺ (no hard negatives)"}))
+    raw = raw.assign(
+        color=raw.apply(lambda r: group_key(r, color_axes), axis=1) if color_axes else "",
+        optimum_label=raw["hard"].map({True: "Λ⁺ − Λ⁻", False: "Λ⁺ (no hard negatives)"}),
+    )
     out = seed_stats(raw, ["color", "fixed_lambda", "optimum", "optimum_label"], "value")
     return out[cols].sort_values(["color", "fixed_lambda"], key=natural_col, kind="stable").reset_index(drop=True)
 
@@ -126,20 +153,39 @@ def _fixed_lambda_draw(data: pd.DataFrame, spec: PanelSpec, ctx: RunContext) -> 
     colors = palette(sorted_unique(data["color"]))
     for color, g in data.groupby("color", sort=False):
         c = colors.get(color, "#444")
-        fig.add_trace(go.Scatter(x=g["fixed_lambda"], y=g["mean"], mode="lines+markers", name=str(color) or "loss",
-                                 line={"color": c}, marker={"size": 8}))
+        fig.add_trace(
+            go.Scatter(
+                x=g["fixed_lambda"],
+                y=g["mean"],
+                mode="lines+markers",
+                name=str(color) or "loss",
+                line={"color": c},
+                marker={"size": 8},
+            )
+        )
         best = g.loc[g["mean"].idxmin()]
-        fig.add_trace(go.Scatter(x=[best["fixed_lambda"]], y=[best["mean"]], mode="markers", showlegend=False,
-                                 marker={"symbol": "star", "size": 14, "color": c, "line": {"width": 1, "color": "black"}},
-                                 hovertemplate="lowest loss at Λ̂ = %{x:g}<extra></extra>"))
+        fig.add_trace(
+            go.Scatter(
+                x=[best["fixed_lambda"]],
+                y=[best["mean"]],
+                mode="markers",
+                showlegend=False,
+                marker={"symbol": "star", "size": 14, "color": c, "line": {"width": 1, "color": "black"}},
+                hovertemplate="lowest loss at Λ̂ = %{x:g}<extra></extra>",
+            )
+        )
     marks = data[["optimum", "optimum_label"]].drop_duplicates().sort_values("optimum")
     for i, (opt, label) in enumerate(marks.itertuples(index=False)):
-        fig.add_vline(x=opt, line_dash="dash", line_color="black", annotation_text=f"{label} = {opt:g}",
-                      annotation_position="top" if i % 2 == 0 else "bottom")
+        fig.add_vline(
+            x=opt,
+            line_dash="dash",
+            line_color="black",
+            annotation_text=f"{label} = {opt:g}",
+            annotation_position="top" if i % 2 == 0 else "bottom",
+        )
     fig = finish(fig, spec, x="fixed Λ̂", y=f"final {spec.get('metric')}", log_x=bool(spec.get("log_x")))
     fig.update_layout(height=420)
     return fig
-
 
 
 # --------------------------------------------------------------------------- ensemble_bars (Fig. 11A + table)
@@ -168,8 +214,11 @@ def _bars_data(df: pd.DataFrame, spec: PanelSpec, ctx: RunContext) -> pd.DataFra
         paper = paper.get(spec.get("paper_key"), {}) if isinstance(paper, dict) else {}
     out["paper"] = out["x"].map(lambda v: _paper_value(paper, v, float(spec.get("paper_scale"))))
     order = {v: i for i, v in enumerate(as_list(spec.get("order")))}
-    out = out.sort_values(["facet", "x"], key=lambda s: s.map(lambda v: (order.get(v, len(order)), sort_key(v)))
-                          if s.name == "x" else natural_col(s), kind="stable")
+    out = out.sort_values(
+        ["facet", "x"],
+        key=lambda s: s.map(lambda v: (order.get(v, len(order)), sort_key(v))) if s.name == "x" else natural_col(s),
+        kind="stable",
+    )
     return out[cols].reset_index(drop=True)
 
 
@@ -182,17 +231,36 @@ def _bars_draw(data: pd.DataFrame, spec: PanelSpec, ctx: RunContext) -> go.Figur
     for i, facet in enumerate(facets):
         g = data[data["facet"] == facet]
         row, col = where[facet]
-        fig.add_trace(go.Bar(x=[fmt(v) for v in g["x"]], y=g["mean"], name="this run (mean over seeds)",
-                             marker={"color": [colors[v] for v in g["x"]]}, showlegend=i == 0,
-                             error_y={"type": "data", "array": g["std"].fillna(0), "visible": True},
-                             text=[f"{v:.3f}" for v in g["mean"]], textposition="outside"), row=row, col=col)
+        fig.add_trace(
+            go.Bar(
+                x=[fmt(v) for v in g["x"]],
+                y=g["mean"],
+                name="this run (mean over seeds)",
+                marker={"color": [colors[v] for v in g["x"]]},
+                showlegend=i == 0,
+                error_y={"type": "data", "array": g["std"].fillna(0), "visible": True},
+                text=[f"{v:.3f}" for v in g["mean"]],
+                textposition="outside",
+            ),
+            row=row,
+            col=col,
+        )
         p = g[g["paper"].notna()]
         if not p.empty:
-            fig.add_trace(go.Scatter(x=[fmt(v) for v in p["x"]], y=p["paper"], mode="markers+text", name="paper",
-                                     showlegend=i == 0, text=[f"paper {v:.2f}" for v in p["paper"]],
-                                     textposition="middle right",
-                                     marker={"symbol": "line-ew-open", "size": 40, "color": "black",
-                                             "line": {"width": 3}}), row=row, col=col)
+            fig.add_trace(
+                go.Scatter(
+                    x=[fmt(v) for v in p["x"]],
+                    y=p["paper"],
+                    mode="markers+text",
+                    name="paper",
+                    showlegend=i == 0,
+                    text=[f"paper {v:.2f}" for v in p["paper"]],
+                    textposition="middle right",
+                    marker={"symbol": "line-ew-open", "size": 40, "color": "black", "line": {"width": 3}},
+                ),
+                row=row,
+                col=col,
+            )
     fig = finish(fig, spec, x=spec.get("x"), y=f"final {spec.get('metric')}")
     fig.update_yaxes(range=[0, 1.12])
     fig.update_layout(height=max(fig.layout.height or 0, 420))
@@ -200,38 +268,66 @@ def _bars_draw(data: pd.DataFrame, spec: PanelSpec, ctx: RunContext) -> go.Figur
 
 
 # --------------------------------------------------------------------------- registry
-register(PanelKind(
-    "final_heatmap", "Final R² over two axes",
-    "The final value of a metric (default R²) over two grid axes, mean over seeds.",
-    _final_heatmap_data, _final_heatmap_draw,
-    {"x": Option((str,), None, "axis on x", axis=True, required=True),
-     "y": Option((str,), None, "axis on y", axis=True, required=True),
-     "metric": Option((str,), "r2", "metric column"),
-     "facet": Option(COMMON_FACETS, None, "axis (or axes) giving one heatmap per value", axis=True)}))
+register(
+    PanelKind(
+        "final_heatmap",
+        "Final R² over two axes",
+        "The final value of a metric (default R²) over two grid axes, mean over seeds.",
+        _final_heatmap_data,
+        _final_heatmap_draw,
+        {
+            "x": Option((str,), None, "axis on x", axis=True, required=True),
+            "y": Option((str,), None, "axis on y", axis=True, required=True),
+            "metric": Option((str,), "r2", "metric column"),
+            "facet": Option(COMMON_FACETS, None, "axis (or axes) giving one heatmap per value", axis=True),
+        },
+    )
+)
 
-register(PanelKind(
-    "r2_blocks_vs_lambda", "R² per Λ block against Λ₂",
-    "Final R² of the fixed block (Λ₁, first dimensions) and the varied block (Λ₂, last dimensions) against "
-    "Λ₂, one pair of lines per loss.",
-    _blocks_data, _blocks_draw,
-    {"color": Option(COMMON_FACETS, None, "axis separating the losses (e.g. variant)", axis=True),
-     "log_x": Option((bool,), True, "log-scale Λ₂ axis")}))
+register(
+    PanelKind(
+        "r2_blocks_vs_lambda",
+        "R² per Λ block against Λ₂",
+        "Final R² of the fixed block (Λ₁, first dimensions) and the varied block (Λ₂, last dimensions) against "
+        "Λ₂, one pair of lines per loss.",
+        _blocks_data,
+        _blocks_draw,
+        {
+            "color": Option(COMMON_FACETS, None, "axis separating the losses (e.g. variant)", axis=True),
+            "log_x": Option((bool,), True, "log-scale Λ₂ axis"),
+        },
+    )
+)
 
-register(PanelKind(
-    "loss_vs_fixed_lambda", "Loss against a fixed Λ̂",
-    "The final loss of runs trained with Λ̂ held fixed, against that Λ̂, with Λ⁺ − Λ⁻ (Cor. B.1) marked.",
-    _fixed_lambda_data, _fixed_lambda_draw,
-    {"metric": Option((str,), "eval_loss", "loss column", choices=("eval_loss", "loss")),
-     "color": Option(COMMON_FACETS, None, "axis (or axes) giving one line per value", axis=True),
-     "log_x": Option((bool,), False, "log-scale Λ̂ axis")}))
+register(
+    PanelKind(
+        "loss_vs_fixed_lambda",
+        "Loss against a fixed Λ̂",
+        "The final loss of runs trained with Λ̂ held fixed, against that Λ̂, with Λ⁺ − Λ⁻ (Cor. B.1) marked.",
+        _fixed_lambda_data,
+        _fixed_lambda_draw,
+        {
+            "metric": Option((str,), "eval_loss", "loss column", choices=("eval_loss", "loss")),
+            "color": Option(COMMON_FACETS, None, "axis (or axes) giving one line per value", axis=True),
+            "log_x": Option((bool,), False, "log-scale Λ̂ axis"),
+        },
+    )
+)
 
-register(PanelKind(
-    "ensemble_bars", "Final R² per variant against the paper",
-    "Final R² per variant (mean ± std over seeds) with the paper's reported values marked.",
-    _bars_data, _bars_draw,
-    {"x": Option((str,), "variant", "axis giving the bars", axis=True),
-     "metric": Option((str,), "r2", "metric column"),
-     "paper_key": Option((str,), None, "entry of the grid's paper_values holding the values per bar"),
-     "paper_scale": Option((float,), 1.0, "factor on the paper's values (0.01 for percentages)"),
-     "order": Option((list,), None, "order of the bars"),
-     "facet": Option(COMMON_FACETS, None, "axis (or axes) giving one subplot per value", axis=True)}))
+register(
+    PanelKind(
+        "ensemble_bars",
+        "Final R² per variant against the paper",
+        "Final R² per variant (mean ± std over seeds) with the paper's reported values marked.",
+        _bars_data,
+        _bars_draw,
+        {
+            "x": Option((str,), "variant", "axis giving the bars", axis=True),
+            "metric": Option((str,), "r2", "metric column"),
+            "paper_key": Option((str,), None, "entry of the grid's paper_values holding the values per bar"),
+            "paper_scale": Option((float,), 1.0, "factor on the paper's values (0.01 for percentages)"),
+            "order": Option((list,), None, "order of the bars"),
+            "facet": Option(COMMON_FACETS, None, "axis (or axes) giving one subplot per value", axis=True),
+        },
+    )
+)
