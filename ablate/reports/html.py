@@ -174,6 +174,31 @@ def _where_text(v: Any) -> str:
     return {"max": "its largest value", "min": "its smallest value"}.get(v, str(v)) if isinstance(v, str) else str(v)
 
 
+def _section(
+    css: str, kind: str, title: str, head: list[str], figure: Any, div_id: str, with_plotlyjs: bool, data: pd.DataFrame
+) -> list[str]:
+    """One panel's HTML: heading, its description lines, the figure (plotly.js inline once), and its data."""
+    import plotly.io as pio
+
+    fig_html = ""
+    if figure is not None:
+        fig_html = pio.to_html(
+            figure,
+            full_html=False,
+            include_plotlyjs=with_plotlyjs,
+            div_id=div_id,
+            config={"displaylogo": False, "responsive": True},
+        )
+    return [
+        f'<section class="{css}" data-kind="{html.escape(kind)}">',
+        f"<h2>{html.escape(title)}</h2>",
+        *head,
+        fig_html,
+        f"<details><summary>data ({len(data)} rows)</summary>{_html_table(data, max_rows=300)}</details>",
+        "</section>",
+    ]
+
+
 def render_html(
     run: Run,
     panels: list[PanelResult],
@@ -189,7 +214,6 @@ def render_html(
 
     ``refresh`` (seconds) makes the page reload itself (``--watch``); ``finished`` defaults to :func:`run_finished`.
     """
-    import plotly.io as pio
 
     table = trial_table(run)
     counts = table["status"].value_counts().to_dict() if not table.empty else {}
@@ -221,55 +245,25 @@ def render_html(
     for i, panel in enumerate(panels):
         spec = panel.spec
         kind = PANELS[spec.kind]
-        fig_html = pio.to_html(
-            panel.figure,
-            full_html=False,
-            include_plotlyjs=(i == 0),
-            div_id=f"panel-{i}",
-            config={"displaylogo": False, "responsive": True},
-        )
-        where = (
-            (
-                "<p class='meta'>shown: "
-                + html.escape("; ".join(f"{k} = {_where_text(v)}" for k, v in spec.where.items()))
-                + "</p>"
-            )
-            if spec.where
-            else ""
-        )
-        out += [
-            f'<section class="panel" data-kind="{spec.kind}">',
-            f"<h2>{i + 1}. {html.escape(spec.title or kind.title)}</h2>",
+        where = "; ".join(f"{k} = {_where_text(v)}" for k, v in spec.where.items())
+        head = [
             f"<p class='figure'>Paper figure: {html.escape(spec.figure)}</p>",
             f"<p class='meta'>{html.escape(kind.describe)}</p>",
             f"<p class='note'>{html.escape(spec.note)}</p>" if spec.note else "",
-            where,
-            fig_html,
-            f"<details><summary>data ({len(panel.data)} rows)</summary>{_html_table(panel.data, max_rows=300)}"
-            "</details>",
-            "</section>",
+            f"<p class='meta'>shown: {html.escape(where)}</p>" if where else "",
         ]
+        title = f"{i + 1}. {spec.title or kind.title}"
+        out += _section("panel", spec.kind, title, head, panel.figure, f"panel-{i}", i == 0, panel.data)
     figures = len(panels)
     for view in extra_views:
-        fig_html = ""
-        if view.figure is not None:
-            fig_html = pio.to_html(
-                view.figure,
-                full_html=False,
-                include_plotlyjs=(figures == 0),
-                div_id=f"view-{view.name}",
-                config={"displaylogo": False, "responsive": True},
-            )
-            figures += 1
-        out += [
-            f'<section class="panel optuna-view" data-kind="{html.escape(view.name)}">',
-            f"<h2>{html.escape(view.title)}</h2>",
+        head = [
             f"<p class='meta'>{html.escape(view.describe)}</p>" if view.describe else "",
             f"<p class='note'>{html.escape(view.note)}</p>" if view.note else "",
-            fig_html,
-            f"<details><summary>data ({len(view.data)} rows)</summary>{_html_table(view.data, max_rows=300)}</details>",
-            "</section>",
         ]
+        out += _section(
+            "panel optuna-view", view.name, view.title, head, view.figure, f"view-{view.name}", figures == 0, view.data
+        )
+        figures += view.figure is not None
     out.append(f"<script>{_TAIL_JS % {'expected': figures}}</script>")
     out.append("</body></html>")
     return "\n".join(s for s in out if s)
