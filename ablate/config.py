@@ -148,6 +148,11 @@ class RunConfig(BaseModel):
         default="aninfonce", description="training loss"
     )
     tau: float = Field(default=1.0, gt=0, description="InfoNCE temperature τ")
+    infonce_layout: Literal["symmetric", "reference"] = Field(
+        default="symmetric",
+        description="InfoNCE batch layout: 'symmetric' (2B anchors, 2B−2 negatives each) or 'reference' (cl-ica's: "
+        "B anchors of view 1, negatives = all of view 1 including the anchor itself, positive appended)",
+    )
     fixed_lambda_hat: float | list[float] | None = Field(
         default=None, description="hold Λ̂ at this value instead of learning it (e.g. Fig. 10A sweeps)"
     )
@@ -182,6 +187,10 @@ class RunConfig(BaseModel):
     def _check(self) -> RunConfig:
         d = self.latent_dim
         resolve_concentration(self.concentration, d, "concentration")
+        if self.infonce_layout != "symmetric" and self.loss != "infonce":
+            raise ConfigError(
+                f"infonce_layout: {self.infonce_layout!r} applies to loss 'infonce' only, got {self.loss!r}"
+            )
         if self.negative_concentration is not None:
             resolve_concentration(self.negative_concentration, d, "negative_concentration")
             if self.n_hard_negatives < 1:

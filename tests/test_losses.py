@@ -396,3 +396,50 @@ def test_pair_cross_entropy_is_stable_for_large_concentrations():
     loss = pair_cross_entropy(h, torch.full((10,), 5000.0), 0.5)
     loss.backward()
     assert torch.isfinite(loss) and torch.isfinite(h.grad).all()
+
+
+# ------------------------------------------------------------- InfoNCE, the reference code's batch layout
+
+
+def _reference_layout_slow(h1, h2, tau):
+    """cl-ica's SimCLRLoss as a loop: anchor i, negatives z3 = roll(h1, 1) (every h1ₖ, the anchor included), the
+    positive appended; loss_i = −h1ᵢ·h2ᵢ/τ + log Σ exp(logits)."""
+    h3 = torch.roll(h1, 1, 0)
+    total = 0.0
+    for i in range(h1.shape[0]):
+        logits = [float(h1[i] @ h3[k]) / tau for k in range(h1.shape[0])] + [float(h1[i] @ h2[i]) / tau]
+        total += -float(h1[i] @ h2[i]) / tau + math.log(sum(math.exp(v) for v in logits))
+    return total / h1.shape[0]
+
+
+@pytest.mark.parametrize("tau", [1.0, 0.2])
+def test_infonce_reference_layout_matches_a_slow_loop(tau):
+    from ablate.core.losses.infonce import InfoNCE
+
+    g = torch.Generator().manual_seed(3)
+    h1 = torch.nn.functional.normalize(torch.randn(12, 5, generator=g, dtype=torch.float64), dim=-1)
+    h2 = torch.nn.functional.normalize(torch.randn(12, 5, generator=g, dtype=torch.float64), dim=-1)
+    got = float(InfoNCE(tau, "reference")(h1, h2))
+    assert got == pytest.approx(_reference_layout_slow(h1, h2, tau), rel=1e-12)
+    assert got != pytest.approx(float(InfoNCE(tau)(h1, h2)), rel=1e-3), "the layouts must differ"
+
+
+def test_infonce_reference_layout_closed_form():
+    # identical views and orthonormal anchors: each row holds e^{1/τ} twice (self pair, positive) and B − 1 ones
+    from ablate.core.losses.infonce import InfoNCE
+
+    b, tau = 4, 0.5
+    h = torch.eye(b, dtype=torch.float64)
+    expected = -1 / tau + math.log(2 * math.exp(1 / tau) + (b - 1))
+    assert float(InfoNCE(tau, "reference")(h, h)) == pytest.approx(expected, rel=1e-12)
+
+
+def test_infonce_layout_is_checked():
+    from ablate.config import ConfigError, RunConfig
+    from ablate.core.losses.infonce import InfoNCE
+
+    with pytest.raises(ValueError, match="layout"):
+        InfoNCE(1.0, "sideways")
+    with pytest.raises(ConfigError, match="infonce_layout"):
+        RunConfig.build({"loss": "aninfonce", "infonce_layout": "reference"})
+    assert RunConfig.build({"loss": "infonce", "infonce_layout": "reference"}).infonce_layout == "reference"

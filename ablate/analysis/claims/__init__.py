@@ -17,6 +17,7 @@ from ablate.analysis.claims.main_text import (
     claim_batch_vs_lambda,
     claim_bimodal,
     claim_linear_lambda,
+    claim_linear_lambda_public_run,
 )
 from ablate.analysis.stats import fmt_ms, mean_sd, spearman
 
@@ -32,6 +33,7 @@ __all__ = [
     "claim_ensemble",
     "claim_hard_negatives",
     "claim_linear_lambda",
+    "claim_linear_lambda_public_run",
     "claim_tricl",
     "claim_zimmermann",
     "command",

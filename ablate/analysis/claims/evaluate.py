@@ -24,6 +24,7 @@ from ablate.analysis.claims.main_text import (
     claim_batch_vs_lambda,
     claim_bimodal,
     claim_linear_lambda,
+    claim_linear_lambda_public_run,
 )
 from ablate.analysis.run import RunContext, load_run
 from ablate.rundir import RunReader
@@ -37,7 +38,7 @@ ClaimFn = Callable[[pd.DataFrame, RunContext], ClaimResult]
 CLAIMS: dict[str, list[ClaimFn]] = {
     "anisotropy": [claim_anisotropy],
     "bimodal_dynamics": [claim_bimodal],
-    "linear_lambda": [claim_linear_lambda],
+    "linear_lambda": [claim_linear_lambda, claim_linear_lambda_public_run],
     "batch_vs_dim": [claim_batch_vs_dim],
     "batch_vs_lambda": [claim_batch_vs_lambda],
     "hard_negatives": [claim_hard_negatives],

@@ -1,4 +1,11 @@
-"""InfoNCE: ``s(a, b) = aᵀb / τ`` on the 2B-anchor batch layout (Zimmermann et al. 2021)."""
+"""InfoNCE: ``s(a, b) = aᵀb / τ`` (Zimmermann et al. 2021), on one of two batch layouts.
+
+- ``symmetric`` (ablate's default, DESIGN.md): all 2B encodings are anchors, each with 2B − 2 negatives.
+- ``reference``: the layout of the public cl-ica code (``SimCLRLoss`` in ``losses.py``, called from
+  ``main_mlp.py`` with ``z3 = roll(z1, 1)``): the B encodings of view 1 are the anchors; the negatives of anchor i
+  are all B encodings of view 1 (rolled, which does not change the set), **including anchor i itself**
+  (similarity 1/τ); the positive is appended; the loss is the cross-entropy of picking it, averaged over B.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +16,22 @@ from torch.nn import functional as F
 from ablate.core.losses.base import ContrastiveLoss, check_views, use_fused
 from ablate.core.losses.pair import pair_cross_entropy, pair_targets
 
-__all__ = ["InfoNCE"]
+__all__ = ["LAYOUTS", "InfoNCE", "reference_layout_loss"]
+
+#: Batch layouts of InfoNCE (``RunConfig.infonce_layout``).
+LAYOUTS = ("symmetric", "reference")
+
+
+def reference_layout_loss(h1: Tensor, h2: Tensor, tau: float) -> Tensor:
+    """cl-ica's one-directional InfoNCE: anchors ``h1``; logits of anchor i are ``h1ᵢ·h1ₖ/τ`` for every k (the self
+    pair included) and ``h1ᵢ·h2ᵢ/τ`` (the positive, last); mean cross-entropy of picking the positive.
+
+    Shape:
+        h1, h2: ``(B, d)``; returns a scalar.
+    """
+    logits = torch.cat([h1 @ h1.T, (h1 * h2).sum(-1, keepdim=True)], dim=1) / tau
+    target = torch.full((h1.shape[0],), h1.shape[0], dtype=torch.long, device=h1.device)
+    return F.cross_entropy(logits, target)
 
 
 class InfoNCE(ContrastiveLoss):
@@ -19,14 +41,19 @@ class InfoNCE(ContrastiveLoss):
         h1, h2: ``(B, d)``; returns a scalar.
     """
 
-    def __init__(self, tau: float = 1.0):
+    def __init__(self, tau: float = 1.0, layout: str = "symmetric"):
         super().__init__()
         if tau <= 0:
             raise ValueError(f"tau must be > 0, got {tau}")
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
         self.tau = float(tau)
+        self.layout = layout
 
     def forward(self, h1: Tensor, h2: Tensor) -> Tensor:
         check_views(h1, h2)
+        if self.layout == "reference":
+            return reference_layout_loss(h1, h2, self.tau)
         h = torch.cat([h1, h2])
         if use_fused(h):
             return pair_cross_entropy(h, h.new_full((h.shape[1],), 1.0 / self.tau), 0.0)

@@ -56,7 +56,9 @@ def _aninfonce_floor(config: RunConfig, hard_negatives_active: bool) -> Contrast
 #: Every loss a config may name (``RunConfig.loss``).
 LOSSES: dict[str, LossKind] = {
     "aninfonce": LossKind("aninfonce", _aninfonce, _aninfonce_floor),
-    "infonce": LossKind("infonce", lambda c, g: InfoNCE(c.tau), lambda c, active: InfoNCE(c.tau)),
+    "infonce": LossKind(
+        "infonce", lambda c, g: InfoNCE(c.tau, c.infonce_layout), lambda c, active: InfoNCE(c.tau, c.infonce_layout)
+    ),
     "ensemble_aninfonce": LossKind(
         "ensemble_aninfonce",
         lambda c, g: EnsembleAnInfoNCE(
