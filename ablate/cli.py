@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -144,9 +145,36 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 # ------------------------------------------------------------------- run
+def resume_command(args: argparse.Namespace, run_dir: str | None = None) -> str:
+    """The `ablate run … --resume` command that continues the run ``args`` started (grid, scale, preset and
+    --set as given; storage and name spelled out, so it works from any folder)."""
+    from ablate.rundir import is_remote
+
+    storage, name = args.storage, args.name
+    if run_dir is not None:
+        run_dir = str(run_dir).rstrip("/")
+        storage, name = run_dir.rsplit("/", 1)
+    elif not is_remote(storage):
+        storage = str(Path(storage).expanduser().resolve())
+    words = ["ablate", "run", args.grid, "--scale", args.scale]
+    if args.preset:
+        words += ["--preset", args.preset]
+    if args.set:
+        words += ["--set", *args.set]
+    words += ["--storage", storage]
+    if name:
+        words += ["--name", name]
+    for flag in ("address", "cpus_per_trial", "gpus_per_trial", "max_concurrent"):
+        value = getattr(args, flag, None)
+        default = {"cpus_per_trial": 1, "gpus_per_trial": 0}.get(flag)
+        if value is not None and value != default:
+            words += [f"--{flag.replace('_', '-')}", f"{value:g}" if isinstance(value, float) else str(value)]
+    return shlex.join([*words, "--resume"])
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from ablate.service.grids import load_grid
-    from ablate.service.runner import auth_hint, run_grid, summary_rows
+    from ablate.service.runner import StorageFull, auth_hint, run_grid, summary_rows
 
     grid = load_grid(args.grid, args.scale)
     if args.preset:
@@ -165,21 +193,25 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"grid: {grid.name} at scale {grid.scale}: {grid.n_trials} trials")
         print(f"dashboard: {url or 'not available'}  ({auth_hint()})", flush=True)
 
-    outcome = run_grid(
-        grid,
-        storage=args.storage,
-        name=args.name,
-        address=args.address,
-        cpus_per_trial=args.cpus_per_trial,
-        gpus_per_trial=args.gpus_per_trial,
-        max_concurrent=args.max_concurrent,
-        resume=args.resume,
-        keep_checkpoints=args.keep_checkpoints,
-        max_failures=args.max_failures,
-        tensorboard=args.tensorboard,
-        verbose=args.verbose,
-        on_start=announce,
-    )
+    try:
+        outcome = run_grid(
+            grid,
+            storage=args.storage,
+            name=args.name,
+            address=args.address,
+            cpus_per_trial=args.cpus_per_trial,
+            gpus_per_trial=args.gpus_per_trial,
+            max_concurrent=args.max_concurrent,
+            resume=args.resume,
+            keep_checkpoints=args.keep_checkpoints,
+            max_failures=args.max_failures,
+            tensorboard=args.tensorboard,
+            verbose=args.verbose,
+            on_start=announce,
+        )
+    except StorageFull as exc:
+        print(f"ablate: error: {exc}: {resume_command(args)}", file=sys.stderr)
+        return 1
     rows = summary_rows(outcome)
     print(f"\nsummary ({len(rows)} trials, {outcome.wall_s:.1f} s):")
     print(_table(sorted(rows, key=lambda r: [str(r[k]) for k in grid.axis_names()])))
@@ -193,6 +225,20 @@ def cmd_run(args: argparse.Namespace) -> int:
         from ablate.reports.report import write_report
 
         print(f"report: {write_report(str(outcome.run_dir))}")
+    resume = resume_command(args, str(outcome.run_dir))
+    if outcome.interrupted:
+        started = len(outcome.trials)
+        not_started = max(grid.n_trials - started, 0) if grid.search != "optuna" else 0
+        print(
+            f"interrupted: {len(outcome.unfinished)} trial(s) stopped before they finished"
+            + (f", {not_started} not started" if not_started else "")
+            + f"; nothing finished was lost. Continue with:\n  {resume}",
+            file=sys.stderr,
+        )
+        return 130
+    if outcome.storage_full:
+        print(f"ablate: error: {outcome.storage_full}: {resume}", file=sys.stderr)
+        return 1
     if outcome.failed:
         print(f"{len(outcome.failed)} trial(s) did not finish:", file=sys.stderr)
         for t in outcome.failed:
@@ -355,7 +401,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ablate: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("ablate: interrupted; continue with --resume", file=sys.stderr)
+        hint = f": {resume_command(args)}" if args.command == "run" else ""
+        print(f"ablate: interrupted; continue with --resume{hint}", file=sys.stderr)
         return 130
 
 

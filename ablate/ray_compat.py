@@ -11,6 +11,8 @@ import json
 import logging
 import os
 import re
+import signal
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -20,6 +22,7 @@ __all__ = [
     "SEARCHER_FILES",
     "SNAPSHOT_FILES",
     "dashboard_url",
+    "graceful_interrupt",
     "json_encoder",
     "live_clusters",
     "parse_experiment_state",
@@ -141,6 +144,46 @@ def refuse_silent_restart(on_failure: Callable[[BaseException | None], None]) ->
         yield
     finally:
         logger.removeFilter(guard)
+
+
+# ------------------------------------------------------------------ Ctrl-C: Tune's graceful stop, and knowing it fired
+@contextlib.contextmanager
+def graceful_interrupt() -> Iterator[Callable[[], bool]]:
+    """While Tune runs, turn the first Ctrl-C into Tune's graceful stop and remember that it happened.
+
+    Ray Tune 2.60 stops a run gracefully (last snapshot saved, trials left resumable) on SIGINT or SIGUSR1
+    (``ray.tune.tune._setup_signal_catching``), but only logs that it did: ``Tuner.fit`` returns as after a
+    finished run. Here ``TUNE_DISABLE_SIGINT_HANDLER=1`` (a documented Tune env variable) keeps Tune off
+    SIGINT; ablate's handler records the interrupt and sends this process SIGUSR1, which Tune always handles
+    the same way. A second Ctrl-C raises KeyboardInterrupt (skipping Tune's last snapshot, as Tune's own
+    handler does). Yields a function that says whether the run was interrupted. Main thread only: elsewhere
+    signals cannot be handled and nothing changes.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield lambda: False
+        return
+    fired = threading.Event()
+
+    def on_sigint(sig: int, frame: Any) -> None:
+        if fired.is_set():
+            raise KeyboardInterrupt
+        fired.set()
+        os.kill(os.getpid(), signal.SIGUSR1)
+
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGUSR1)}
+    env_before = os.environ.get("TUNE_DISABLE_SIGINT_HANDLER")
+    os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
+    signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield fired.is_set
+    finally:
+        for sig, handler in before.items():
+            if handler is not None:  # None: a handler not set from Python, which cannot be put back
+                signal.signal(sig, handler)
+        if env_before is None:
+            os.environ.pop("TUNE_DISABLE_SIGINT_HANDLER", None)
+        else:
+            os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = env_before
 
 
 # ------------------------------------------------------------------ ray.init, auth and the dashboard

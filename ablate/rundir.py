@@ -16,6 +16,7 @@ Layout of a run directory::
     best_config.json           an Optuna grid's best setting (BEST_CONFIG_FILE)
     optuna.db                  an Optuna grid's study (OPTUNA_DB, SQLite)
     report.html                the report (REPORT_FILE)
+    ablate_interrupted.json    present while a run stopped by Ctrl-C waits for --resume (INTERRUPTED_FILE)
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from ablate import ray_compat
 
 __all__ = [
     "BEST_CONFIG_FILE",
+    "INTERRUPTED",
+    "INTERRUPTED_FILE",
     "OPTUNA_DB",
     "PARAMS_FILE",
     "REPORT_FILE",
@@ -43,6 +46,7 @@ __all__ = [
     "is_remote",
     "optuna_storage_url",
     "read_marker",
+    "remove_file",
     "resolve_run_dir",
     "write_text",
 ]
@@ -61,6 +65,12 @@ OPTUNA_DB = "optuna.db"
 REPORT_FILE = "report.html"
 #: Trial folders are named ``trial_<trial id>``.
 TRIAL_PREFIX = "trial_"
+#: Written when Ctrl-C stopped a run (the trials it stopped, the resume command); removed when --resume starts.
+INTERRUPTED_FILE = "ablate_interrupted.json"
+#: The status ablate shows for a trial that a Ctrl-C stopped before it finished (Ray's snapshot says RUNNING).
+INTERRUPTED = "INTERRUPTED"
+#: Ray's statuses of a trial that has not finished.
+_UNFINISHED = ("RUNNING", "PENDING", "PAUSED")
 
 
 class RunError(RuntimeError):
@@ -113,6 +123,19 @@ def write_text(target: str | os.PathLike, text: str) -> str:
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, lambda p: p.write_text(text, encoding="utf-8"))
     return target
+
+
+def remove_file(target: str | os.PathLike) -> None:
+    """Delete a file at a local path or a remote URI; a missing file is fine."""
+    target = str(target)
+    if is_remote(target):
+        import pyarrow.fs as pafs
+
+        fs, path = pafs.FileSystem.from_uri(target)
+        if fs.get_file_info(path).type == pafs.FileType.File:
+            fs.delete_file(path)
+        return
+    _local(target).unlink(missing_ok=True)
 
 
 def check_writable(storage: str) -> None:
@@ -215,11 +238,18 @@ class RunReader:
 
         The newest is the one with the latest session timestamp in its name: Ray's storage sync rewrites
         every file at the end of a run, so modification times cannot tell.
+        A run that Ctrl-C stopped (:data:`INTERRUPTED_FILE` present) has no driver left: its unfinished trials
+        read as :data:`INTERRUPTED`, not as the RUNNING of Ray's last snapshot.
         """
         names = self.list_files(ray_compat.EXPERIMENT_STATE_PREFIX)
         if not names:
             return {}
-        return ray_compat.parse_experiment_state(self.read_text(names[-1]) or "{}")
+        states = ray_compat.parse_experiment_state(self.read_text(names[-1]) or "{}")
+        if self.read_text(INTERRUPTED_FILE) is not None:
+            for state in states.values():
+                if state["status"] in _UNFINISHED:
+                    state["status"] = INTERRUPTED
+        return states
 
     def statuses(self) -> dict[str, str]:
         """trial_id → Ray status, from the newest experiment state."""

@@ -165,3 +165,54 @@ def test_repeated_driver_kills_never_lose_progress(tmp_path, uninterrupted, seed
     assert final.keys() == uninterrupted.keys()
     for point, last in final.items():
         assert last["r2"] == uninterrupted[point]["r2"] and last["loss"] == uninterrupted[point]["loss"], point
+
+
+def test_ctrl_c_leaves_an_honest_status_exit_130_and_ablate_s_resume_command(tmp_path, uninterrupted):
+    """A real Ctrl-C (SIGINT to the driver's process group, as a terminal sends it) mid-grid, then the printed
+    resume command: the stopped trials read INTERRUPTED everywhere, and the resume loses and repeats nothing."""
+    from ablate.analysis.results import load_results
+
+    log_path = tmp_path / "run.log"
+    run_dir = tmp_path / "r"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            _cmd(tmp_path, "r"), stdout=log, stderr=subprocess.STDOUT, env=_env(), start_new_session=True
+        )
+        try:
+            deadline = time.time() + 180
+            while time.time() < deadline:
+                rows = _rows(run_dir)
+                if any(len(v) == REPORTS for v in rows.values()) and any(
+                    3 <= len(v) < REPORTS - 2 for v in rows.values()
+                ):
+                    break
+                assert proc.poll() is None, "the run ended before it could be interrupted"
+                time.sleep(0.05)
+            os.killpg(proc.pid, signal.SIGINT)
+            code = proc.wait(timeout=60)
+        finally:
+            _kill_group(proc)
+    out = log_path.read_text()
+    assert code == 130, out[-3000:]
+    summary = out[out.index("summary (") :]
+    assert "INTERRUPTED" in summary and "interrupted: 1 trial(s) stopped before they finished" in out, out[-3000:]
+    assert summary.count("TERMINATED") == 1, summary  # only the finished trial reads as finished
+    (resume,) = [line.strip() for line in out.splitlines() if line.strip().endswith("--resume")]
+    assert resume.startswith("ablate run batch_vs_dim --scale smoke --set max_steps=60 --storage ")
+    assert "--name r --max-concurrent 1 --resume" in resume, resume
+
+    code, status = run_logged([sys.executable, "-m", "ablate.cli", "status", str(run_dir)], tmp_path / "status.log")
+    assert code == 0 and "finished: 1  running: 0  interrupted: 1" in status, status
+    assert "INTERRUPTED" in set(load_results(run_dir)["status"])
+
+    words = resume.split()
+    code, out = run_logged([sys.executable, "-m", "ablate.cli", *words[1:]], tmp_path / "resume.log", env=_env())
+    assert code == 0, out[-3000:]
+    rows = _rows(run_dir)
+    assert len(rows) == 4
+    for name, trial_rows in rows.items():
+        assert [r["step"] for r in trial_rows] == list(range(5, STEPS + 1, 5)), f"{name}: duplicated or missing"
+    for point, last in _final_by_point(run_dir).items():
+        assert last["r2"] == uninterrupted[point]["r2"] and last["loss"] == uninterrupted[point]["loss"], point
+    code, status = run_logged([sys.executable, "-m", "ablate.cli", "status", str(run_dir)], tmp_path / "status2.log")
+    assert "finished: 4  running: 0  interrupted: 0" in status, status

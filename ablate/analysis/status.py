@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ablate.rundir import TRIAL_PREFIX, RunReader
+from ablate.rundir import INTERRUPTED, TRIAL_PREFIX, RunReader
 from ablate.service.grids import axis_text
 
 __all__ = ["run_status"]
@@ -16,14 +16,15 @@ _GROUPS = {
     "ERROR": "errored",
     "PENDING": "pending",
     "PAUSED": "pending",
+    INTERRUPTED: "interrupted",  # stopped by Ctrl-C; --resume continues it
 }
 
 
 def run_status(run_dir: str | Path) -> dict[str, Any]:
-    """Counts of finished / running / errored / pending trials and each trial's latest R²."""
+    """Counts of finished / running / interrupted / errored / pending trials and each trial's latest R²."""
     reader = RunReader(run_dir)
     info = reader.marker()
-    counts = {"finished": 0, "running": 0, "errored": 0, "pending": 0}
+    counts = {"finished": 0, "running": 0, "interrupted": 0, "errored": 0, "pending": 0}
     rows = []
     for trial_id, state in reader.trial_states().items():
         counts[_GROUPS.get(state["status"], "pending")] += 1

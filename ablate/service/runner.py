@@ -7,6 +7,8 @@ live in :mod:`ablate.service.cluster`, the search algorithm in :mod:`ablate.serv
 from __future__ import annotations
 
 import contextlib
+import errno
+import json
 import logging
 import math
 import time
@@ -16,15 +18,20 @@ from typing import Any
 
 from ablate import __version__, ray_compat
 from ablate.rundir import (
+    INTERRUPTED,
+    INTERRUPTED_FILE,
     OPTUNA_DB,
     RUN_MARKER,
     RunError,
+    RunReader,
     check_writable,
     is_remote,
     optuna_storage_url,
     read_marker,
+    remove_file,
     resolve_run_dir,
     write_marker,
+    write_text,
 )
 from ablate.service.cluster import auth_hint, init_ray
 from ablate.service.grids import Grid, GridError, axis_text
@@ -36,6 +43,7 @@ __all__ = [
     "RUN_MARKER",
     "RunError",
     "RunOutcome",
+    "StorageFull",
     "TrialOutcome",
     "auth_hint",
     "optuna_storage_url",
@@ -47,6 +55,34 @@ __all__ = [
 _log = logging.getLogger("ablate.runner")
 #: Metrics shown in the live progress table.
 PROGRESS_METRICS = ("step", "r2", "loss", "mcc")
+
+
+class StorageFull(RunError):
+    """The run stopped because its storage is full; the message says what could not be written, and where."""
+
+
+#: errno values of a full disk or an exhausted quota.
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def _full_disk(exc: BaseException | None) -> OSError | None:
+    """The ENOSPC/EDQUOT OSError behind ``exc`` (following causes and contexts), or None."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in _FULL:
+            return exc
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def _storage_full_message(exc: OSError | None, run_dir: str) -> str:
+    what = exc.filename if exc is not None and exc.filename else run_dir
+    reason = (exc.strerror if exc is not None else None) or "no space left on device"
+    return (
+        f"could not write {what} ({reason}) while running {run_dir}; nothing finished was lost "
+        "(finished reports and checkpoints stay on disk): free some space, then resume"
+    )
 
 
 @dataclass
@@ -71,11 +107,18 @@ class RunOutcome:
     best_config: dict[str, Any] | None = None
     wall_s: float = 0.0
     set_aside: dict[str, str] = field(default_factory=dict)  # torn snapshot files moved aside on resume
+    interrupted: bool = False  # Ctrl-C stopped the run; --resume continues it
+    storage_full: str | None = None  # a trial failed because the storage is full: what could not be written
 
     @property
     def failed(self) -> list[TrialOutcome]:
         """Trials that did not finish."""
         return [t for t in self.trials if t.status != "TERMINATED"]
+
+    @property
+    def unfinished(self) -> list[TrialOutcome]:
+        """Trials that Ctrl-C stopped before they finished."""
+        return [t for t in self.trials if t.status == INTERRUPTED]
 
 
 def probe_acceptance(grid: Grid) -> None:
@@ -199,6 +242,7 @@ def run_grid(
             raise RunError(f"--resume: nothing to resume at {run_dir} (no experiment state)")
         if local:
             set_aside = _choose_snapshot(run_dir)
+        remove_file(f"{run_dir}/{INTERRUPTED_FILE}")  # a driver runs the trials again
     elif state_exists:
         raise RunError(f"{run_dir} already holds a run: add --resume to continue it, or choose another --name")
 
@@ -234,15 +278,37 @@ def run_grid(
                 verbose=verbose,
             ),
         )
-    with ray_compat.refuse_silent_restart(_restore_failed(run_dir)) if resume else contextlib.nullcontext():
-        results = tuner.fit()
+    guard = ray_compat.refuse_silent_restart(_restore_failed(run_dir)) if resume else contextlib.nullcontext()
+    try:
+        with guard, ray_compat.graceful_interrupt() as interrupted:
+            results = tuner.fit()
+    except Exception as exc:  # a full disk in the driver (a callback, a snapshot) ends Tune with a traceback
+        full = _full_disk(exc)
+        if full is None:
+            raise
+        raise StorageFull(_storage_full_message(full, run_dir)) from exc
     outcome = RunOutcome(run_dir=Path(run_dir), grid=grid, wall_s=time.time() - started, set_aside=set_aside)
+    outcome.interrupted = interrupted()
+    snapshot = RunReader(run_dir).statuses() if outcome.interrupted and local else {}
     for result in results:
         cfg = result.config or {}
-        trial_id = (result.metrics or {}).get("trial_id") or Path(result.path).name
+        metrics = result.metrics or {}
+        trial_id = metrics.get("trial_id") or Path(result.path).name
         err = None if result.error is None else f"{type(result.error).__name__}: {result.error}"
         status = "ERROR" if result.error is not None else "TERMINATED"
-        outcome.trials.append(TrialOutcome(trial_id, _label(cfg, grid), status, cfg, result.metrics or {}, err))
+        if outcome.interrupted and status == "TERMINATED":
+            # Ray's last snapshot (taken before it stopped the actors) says whether the trial had finished;
+            # on remote storage the trial's last report does
+            unfinished = snapshot.get(trial_id, "RUNNING") != "TERMINATED" if local else not metrics.get("done")
+            status = INTERRUPTED if unfinished else status
+        if outcome.storage_full is None and result.error is not None:
+            full = _full_disk(result.error)
+            if full is not None or "No space left on device" in str(result.error):
+                outcome.storage_full = _storage_full_message(full, run_dir)
+        outcome.trials.append(TrialOutcome(trial_id, _label(cfg, grid), status, cfg, metrics, err))
+    if outcome.interrupted:
+        stopped = [t.trial_id for t in outcome.unfinished]
+        write_text(f"{run_dir}/{INTERRUPTED_FILE}", json.dumps({"trials": stopped, "time": time.time()}, indent=1))
     if grid.search == "optuna":
         outcome.best_config = save_best(results, grid, run_dir)
     return outcome
