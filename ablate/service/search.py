@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ablate.rundir import BEST_CONFIG_FILE, TRIAL_PREFIX, is_remote, optuna_storage_url
+from ablate.rundir import BEST_CONFIG_FILE, RESULT_FILE, TRIAL_PREFIX, is_remote, optuna_storage_url
 from ablate.service.grids import Grid, n_reports
 
 __all__ = ["save_best", "trial_dirname", "tune_config"]
@@ -73,13 +73,49 @@ def tune_config(grid: Grid, max_concurrent: int | None, run_dir: str | None = No
     )
 
 
-def save_best(results, grid: Grid, run_dir: str) -> dict[str, Any] | None:
-    """The best trial of an Optuna grid (metric, value, searched settings, steps); written to best_config.json."""
-    opt = grid.optuna
-    try:
-        best = results.get_best_result(metric=opt["metric"], mode=opt["mode"], scope="last")
-    except RuntimeError:
+def seconds_to_target(trial_dir: str | Path, metric: str, target: float) -> tuple[float, int] | None:
+    """(time_total_s, step) of a trial's first report with ``metric ≥ target``, from its result.json; None if never."""
+    path = Path(trial_dir) / RESULT_FILE
+    if not path.is_file():
         return None
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a torn last line
+        value = row.get(metric)
+        if isinstance(value, int | float) and value >= target:
+            return float(row.get("time_total_s", float("nan"))), int(row.get("step", 0))
+    return None
+
+
+def save_best(results, grid: Grid, run_dir: str) -> dict[str, Any] | None:
+    """The best trial of an Optuna grid (metric, value, searched settings, steps); written to best_config.json.
+
+    A search with a target (``stop.target_r2`` and metric ``r2``) looks for the fastest way there: its best trial
+    is the one that first reached the target in the fewest seconds of training (``time_total_s``); without a
+    trial that reached it, or without a target, the best is the highest (``mode``) last value of the metric.
+    """
+    opt = grid.optuna
+    target = grid.stop.get("target_r2")
+    fastest = None
+    if target is not None and opt["metric"] == "r2" and not is_remote(run_dir):
+        reached = []
+        for result in results:
+            hit = seconds_to_target(result.path, "r2", float(target)) if result.path else None
+            if hit is not None and result.metrics:
+                reached.append((hit[0], hit[1], result))
+        if reached:
+            fastest = min(reached, key=lambda r: r[0])
+    if fastest is not None:
+        seconds, step, best = fastest
+        ranked_by = f"fewest seconds of training to r2 >= {target:g}"
+    else:
+        try:
+            best = results.get_best_result(metric=opt["metric"], mode=opt["mode"], scope="last")
+        except RuntimeError:
+            return None
+        seconds, step, ranked_by = None, None, f"{opt['mode']} last {opt['metric']}"
     if best is None or best.metrics is None:
         return None
     info = {
@@ -89,7 +125,10 @@ def save_best(results, grid: Grid, run_dir: str) -> dict[str, Any] | None:
         "config": {k: best.config[k] for k in opt["space"] if k in best.config},
         "steps": best.metrics.get("step"),
         "trial_id": best.metrics.get("trial_id"),
+        "ranked_by": ranked_by,
     }
+    if seconds is not None:
+        info.update({"seconds_to_target": seconds, "steps_to_target": step})
     if not is_remote(run_dir):
         (Path(run_dir) / BEST_CONFIG_FILE).write_text(json.dumps(info, indent=1, default=str))
     return info
