@@ -443,3 +443,16 @@ def test_infonce_layout_is_checked():
     with pytest.raises(ConfigError, match="infonce_layout"):
         RunConfig.build({"loss": "aninfonce", "infonce_layout": "reference"})
     assert RunConfig.build({"loss": "infonce", "infonce_layout": "reference"}).infonce_layout == "reference"
+
+
+def test_the_fused_loss_is_used_on_the_cpu_and_the_plain_one_on_accelerators():
+    from ablate.core.losses.base import GPU_PLAIN_MAX_LOGITS, use_fused
+
+    cpu = torch.zeros(8, 3, requires_grad=True)
+    assert use_fused(cpu)
+    with torch.no_grad():
+        assert not use_fused(cpu), "evaluation never needs the fused gradient"
+    # a tensor off the CPU ('meta' stands in for cuda here): plain logits unless they would exceed the cap
+    assert not use_fused(torch.empty(16384, 10, device="meta", requires_grad=True))
+    rows = int(GPU_PLAIN_MAX_LOGITS**0.5) + 1
+    assert use_fused(torch.empty(rows, 10, device="meta", requires_grad=True))

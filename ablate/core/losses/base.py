@@ -40,10 +40,20 @@ def mask_diagonal(logits: Tensor) -> Tensor:
     return logits.masked_fill(eye, float("-inf"))
 
 
+#: On a GPU the plain loss (one (2B)² logits matrix and autograd) is used up to this many logits (1 GiB in fp32).
+GPU_PLAIN_MAX_LOGITS = 1 << 28
+
+
 def use_fused(*tensors: Tensor) -> bool:
-    """Use the row-blocked loss with its fused gradient (ablate.core.losses.pair) when a gradient is wanted;
-    without one (evaluation) the plain forward pass is cheaper."""
-    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors) and tensors[0].shape[0] >= 4
+    """Use the row-blocked loss with its fused gradient (ablate.core.losses.pair) when a gradient is wanted on the
+    CPU, where it saves memory traffic; without a gradient (evaluation) the plain forward pass is cheaper. On a GPU
+    the row blocks (2¹⁸ logits each, launched from Python) make the step host-bound (400 ms per step at B = 8192 on
+    an H200, docs/performance.md), so the plain loss is used there unless its logits would exceed
+    :data:`GPU_PLAIN_MAX_LOGITS`."""
+    h = tensors[0]
+    if not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors) and h.shape[0] >= 4):
+        return False
+    return h.device.type == "cpu" or h.shape[0] ** 2 > GPU_PLAIN_MAX_LOGITS
 
 
 def check_views(h1: Tensor, h2: Tensor) -> None:
