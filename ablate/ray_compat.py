@@ -13,6 +13,7 @@ import os
 import re
 import signal
 import threading
+import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -23,6 +24,7 @@ __all__ = [
     "SNAPSHOT_FILES",
     "dashboard_url",
     "graceful_interrupt",
+    "hide_full_disk_tracebacks",
     "json_encoder",
     "live_clusters",
     "parse_experiment_state",
@@ -184,6 +186,47 @@ def graceful_interrupt() -> Iterator[Callable[[], bool]]:
             os.environ.pop("TUNE_DISABLE_SIGINT_HANDLER", None)
         else:
             os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = env_before
+
+
+# ------------------------------------------------------------------ a full disk: Ray's tracebacks
+#: Ray 2.60's loggers that print a traceback per failed write when the storage is full: the storage syncer
+#: (every snapshot copy), the controller (each trial that failed), Tune's loop (the last snapshot).
+FULL_DISK_LOGGERS = ("ray.train._internal.syncer", "ray.tune.execution.tune_controller", "ray.tune.tune")
+FULL_DISK_TEXT = ("No space left on device", "[Errno 28]", "Disk quota exceeded", "[Errno 122]")
+
+
+class _FullDisk(logging.Filter):
+    def __init__(self, on_first: Callable[[str], None]):
+        super().__init__()
+        self.on_first = on_first
+        self.hidden = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        if record.exc_info:
+            text += "".join(traceback.format_exception(*record.exc_info))
+        if not any(t in text for t in FULL_DISK_TEXT):
+            return True
+        if not self.hidden:
+            self.on_first(text.strip().splitlines()[-1])
+        self.hidden += 1
+        return False
+
+
+@contextlib.contextmanager
+def hide_full_disk_tracebacks(on_first: Callable[[str], None]) -> Iterator[None]:
+    """While Tune runs, drop Ray's log records about a full disk (a 25-line traceback per failed write, several
+    a second) and call ``on_first(last line)`` once instead. Depends on the logger names of Ray 2.60 and on
+    the text of the OSError (ENOSPC, EDQUOT); other records pass untouched."""
+    guard = _FullDisk(on_first)
+    loggers = [logging.getLogger(name) for name in FULL_DISK_LOGGERS]
+    for logger in loggers:
+        logger.addFilter(guard)
+    try:
+        yield
+    finally:
+        for logger in loggers:
+            logger.removeFilter(guard)
 
 
 # ------------------------------------------------------------------ ray.init, auth and the dashboard

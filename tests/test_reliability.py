@@ -216,3 +216,43 @@ def test_ctrl_c_leaves_an_honest_status_exit_130_and_ablate_s_resume_command(tmp
         assert last["r2"] == uninterrupted[point]["r2"] and last["loss"] == uninterrupted[point]["loss"], point
     code, status = run_logged([sys.executable, "-m", "ablate.cli", "status", str(run_dir)], tmp_path / "status2.log")
     assert "finished: 4  running: 0  interrupted: 0" in status, status
+
+
+@pytest.fixture()
+def small_disk(tmp_path):
+    """A 3 MB tmpfs (mounting needs root), unmounted afterwards."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mount)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_full_disk_ends_with_one_line_and_resume_loses_nothing(tmp_path, small_disk, uninterrupted):
+    """Storage with ~270 kB free fills mid-grid: one line says what could not be written and how to resume,
+    no traceback, exit 1; once space is freed the printed command completes every trial, nothing lost."""
+    from ablate.analysis.results import load_results
+
+    filler = small_disk / "filler"
+    filler.write_bytes(b"\0" * (2800 * 1024))
+    code, out = run_logged(_cmd(small_disk, "r"), tmp_path / "full.log", timeout=180, env=_env())
+    assert code == 1, out[-3000:]
+    assert "Traceback" not in out, out[-5000:]
+    (line,) = [x for x in out.splitlines() if x.startswith("ablate: error:")]
+    assert "No space left on device" in line and "nothing finished was lost" in line, line
+    assert line.endswith(f"--storage {small_disk} --name r --max-concurrent 1 --resume"), line
+    full = [x for x in out.splitlines() if "No space left" in x]
+    assert len(full) <= 3, full  # the reason, once each from the snapshot backup, the trials and the end
+
+    filler.unlink()
+    resume = line[line.index("ablate run ") :].split()
+    code, out = run_logged([sys.executable, "-m", "ablate.cli", *resume[1:]], tmp_path / "resume.log", env=_env())
+    assert code == 0, out[-3000:]
+    df = load_results(small_disk / "r")
+    assert set(df["status"]) == {"TERMINATED"}
+    for _, trial in df.groupby("trial_id"):
+        assert trial["step"].tolist() == list(range(5, STEPS + 1, 5)), trial["step"].tolist()
+    for point, last in _final_by_point(small_disk / "r").items():
+        assert last["r2"] == uninterrupted[point]["r2"] and last["loss"] == uninterrupted[point]["loss"], point

@@ -48,7 +48,9 @@ class SnapshotKeeper(Callback):
         try:
             save_backup(*paths)
         except OSError as exc:  # a full disk must not stop the run: Ray's own snapshot still exists
-            _log.warning("could not back up the experiment snapshot: %s", exc)
+            if not getattr(self, "_warned", False):  # once per run, not at every step
+                self._warned = True
+                _log.warning("could not back up the experiment snapshot: %s", exc)
 
 
 def _cut_torn_line(path: Path, chunk: int = 1 << 16) -> None:

@@ -280,7 +280,7 @@ def run_grid(
         )
     guard = ray_compat.refuse_silent_restart(_restore_failed(run_dir)) if resume else contextlib.nullcontext()
     try:
-        with guard, ray_compat.graceful_interrupt() as interrupted:
+        with guard, ray_compat.graceful_interrupt() as interrupted, ray_compat.hide_full_disk_tracebacks(_full_warning):
             results = tuner.fit()
     except Exception as exc:  # a full disk in the driver (a callback, a snapshot) ends Tune with a traceback
         full = _full_disk(exc)
@@ -312,6 +312,10 @@ def run_grid(
     if grid.search == "optuna":
         outcome.best_config = save_best(results, grid, run_dir)
     return outcome
+
+
+def _full_warning(line: str) -> None:
+    _log.warning("the storage is full (%s); trials that cannot save are retried, then stop", line)
 
 
 def _choose_snapshot(run_dir: str) -> dict[str, str]:
