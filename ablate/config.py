@@ -18,6 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 __all__ = [
+    "did_you_mean",
     "ConfigError",
     "LOSSES",
     "RunConfig",
@@ -34,6 +35,14 @@ ConcentrationSpec = float | list[float] | str | dict[str, list[float]]
 
 class ConfigError(ValueError):
     """A configuration value is invalid; the message names the field and what is allowed."""
+
+
+def did_you_mean(word: str, choices) -> str:
+    """`` (did you mean 'x'?)`` for the closest of ``choices`` to a misspelt ``word``, or an empty string."""
+    import difflib
+
+    close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def resolve_concentration(spec: ConcentrationSpec, d: int, field: str = "concentration") -> list[float]:
@@ -267,7 +276,8 @@ def _describe(exc: ValidationError) -> str:
         loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-after")) or "config"
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
-            msg = f"unknown key; allowed keys: {', '.join(sorted(RunConfig.model_fields))}"
+            hint = did_you_mean(err["loc"][-1] if err["loc"] else "", RunConfig.model_fields)
+            msg = f"unknown key{hint}; allowed keys: {', '.join(sorted(RunConfig.model_fields))}"
         elif "ctx" in err and "error" in err["ctx"]:
             msg = str(err["ctx"]["error"])
         if err["type"] == "extra_forbidden" or loc == "config":

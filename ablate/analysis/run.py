@@ -14,7 +14,7 @@ import pandas as pd
 from ablate.analysis.results import axis_value, load_results
 from ablate.config import ConfigError, RunConfig
 from ablate.rundir import TRIAL_PREFIX, RunReader
-from ablate.service.grids import Grid, GridError, config_from_params, grid_from_text, load_grid
+from ablate.service.grids import Grid, GridError, config_from_params, grid_from_text, load_grid, natural_key
 
 __all__ = ["Run", "RunContext", "final_rows", "generator_table", "load_run", "run_finished", "trial_table"]
 
@@ -137,6 +137,8 @@ def trial_table(run: Run) -> pd.DataFrame:
             v = None if last is None else last.get(col)
             row[name] = None if v is None or pd.isna(v) else round(float(v), 4 if col != "time_total_s" else 2)
         rows.append(row)
+    order = [*axes, "seed"]
+    rows.sort(key=lambda r: [natural_key(r.get(k)) for k in order])
     return pd.DataFrame(rows)
 
 

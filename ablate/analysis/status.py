@@ -6,9 +6,9 @@ from pathlib import Path
 from typing import Any
 
 from ablate.rundir import INTERRUPTED, TRIAL_PREFIX, RunReader
-from ablate.service.grids import axis_text
+from ablate.service.grids import axis_text, natural_key
 
-__all__ = ["run_status"]
+__all__ = ["run_status", "varying_keys"]
 
 _GROUPS = {
     "TERMINATED": "finished",
@@ -18,6 +18,14 @@ _GROUPS = {
     "PAUSED": "pending",
     INTERRUPTED: "interrupted",  # stopped by Ctrl-C; --resume continues it
 }
+
+
+def varying_keys(rows: list[dict[str, Any]], skip: tuple[str, ...] = ()) -> list[str]:
+    """The keys whose values differ between rows (the grid's axes and seed), in the order they first appear."""
+    keys: dict[str, None] = {}
+    for row in rows:
+        keys.update(dict.fromkeys(row))
+    return [k for k in keys if k not in skip and len({repr(r.get(k)) for r in rows}) > 1]
 
 
 def run_status(run_dir: str | Path) -> dict[str, Any]:
@@ -43,4 +51,6 @@ def run_status(run_dir: str | Path) -> dict[str, Any]:
             }
         )
     counts["pending"] += max(int(info.get("n_trials", len(rows))) - len(rows), 0)
+    order = varying_keys(rows, skip=("trial", "status", "step", "r2", "failures"))  # the axes and the seed
+    rows.sort(key=lambda r: [natural_key(r.get(k)) for k in order])
     return {"grid": info["grid"], "scale": info["scale"], "counts": counts, "trials": rows}

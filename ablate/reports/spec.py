@@ -26,6 +26,7 @@ from typing import Any
 
 from pydantic import Field, ValidationInfo, field_validator
 
+from ablate.config import did_you_mean
 from ablate.reports.panels import PANELS, PanelSpec
 from ablate.service.grids import Grid, GridError
 from ablate.service.specs import Spec, parse_spec, read_yaml
@@ -88,7 +89,9 @@ def check_panel(i: int, raw: Any, axes: list[str] | None) -> PanelSpec:
         raise ValueError(f"{where}: expected a mapping with kind and figure, got {raw!r}")
     kind = raw.get("kind")
     if kind not in PANELS:
-        raise ValueError(f"{where}.kind: unknown panel kind {kind!r}; allowed: {', '.join(PANELS)}")
+        raise ValueError(
+            f"{where}.kind: unknown panel kind {kind!r}{did_you_mean(kind, PANELS)}; allowed: {', '.join(PANELS)}"
+        )
     where = f"{where} ({kind})"
     options = PANELS[kind].options
     for key in raw:

@@ -36,7 +36,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ablate.config import ConfigError, RunConfig
+from ablate.config import ConfigError, RunConfig, did_you_mean
 from ablate.service.specs import SCALES, GridFile, parse_spec, read_yaml, spec_error
 from ablate.shipped import SEARCH_SPACES, shipped_dir, shipped_files
 
@@ -83,6 +83,31 @@ class Trial:
             parts.insert(0, self.variant)
         parts.append(f"seed={self.seed}")
         return ",".join(parts)
+
+
+def natural_key(v: Any) -> tuple:
+    """Sort key of an axis value in its natural order: numbers numerically (16 after 4), Λ patterns ('5/25',
+    linspace) by their numbers, ``k=v, …`` labels by their values, other text last; missing values at the end."""
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return (4, ())
+    if isinstance(v, bool):
+        return (2, (str(v),))
+    if isinstance(v, int | float):
+        return (0, (float(v),))
+    if isinstance(v, dict | list):
+        v = axis_text(v)
+    text = str(v)
+    if "=" in text:  # a facet or legend label such as "latent_dim=16, seed=0"
+        return (3, tuple(natural_key(part.split("=", 1)[1].strip()) for part in text.split(",") if "=" in part))
+    try:
+        return (0, (float(text),))
+    except ValueError:
+        pass
+    numbers = text.removeprefix("linspace ").replace("..", "/").split("/")
+    try:
+        return (1, tuple(float(p) for p in numbers))
+    except ValueError:
+        return (2, (text,))
 
 
 def axis_text(v: Any) -> str:
@@ -262,7 +287,8 @@ def resolve_grid_path(name_or_path: str) -> Path:
     grids = known_grids()
     if name_or_path not in grids:
         raise GridError(
-            f"unknown grid {name_or_path!r}; known grids: {', '.join(grids)} (or give a path to a .yaml file)"
+            f"unknown grid {name_or_path!r}{did_you_mean(name_or_path, grids)}; known grids: {', '.join(grids)} "
+            "(or give a path to a .yaml file)"
         )
     return grids[name_or_path]
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
-from ablate.config import ConfigError, RunConfig
+from ablate.config import ConfigError, RunConfig, did_you_mean
 from ablate.service.specs import Spec, parse_spec, read_yaml, unknown_settings
 from ablate.shipped import PRESETS, shipped_dir, shipped_files
 
@@ -87,7 +87,7 @@ def load_preset(name_or_path: str) -> Preset:
         presets = known_presets()
         if name_or_path not in presets:
             raise PresetError(
-                f"unknown preset {name_or_path!r}; known presets: {', '.join(presets) or 'none'} "
+                f"unknown preset {name_or_path!r}{did_you_mean(name_or_path, presets)}; known presets: {', '.join(presets) or 'none'} "
                 "(or give a path to a .yaml file)"
             )
         path = presets[name_or_path]

@@ -25,6 +25,7 @@ from plotly.colors import hex_to_rgb, qualitative, sample_colorscale, unlabel_rg
 from plotly.subplots import make_subplots
 
 from ablate.analysis.run import RunContext
+from ablate.service.grids import natural_key
 
 __all__ = [
     "PANELS",
@@ -119,18 +120,8 @@ def as_number(v: Any) -> float | None:
 
 
 def sort_key(v: Any) -> tuple:
-    """Natural order of axis values: numbers numerically, 'a/b' patterns by their numbers, then text."""
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return (3, ())
-    x = as_number(v)
-    if x is not None:
-        return (0, (x,))
-    if isinstance(v, str):
-        try:
-            return (1, tuple(float(p) for p in v.split("/")))
-        except ValueError:
-            pass
-    return (2, (str(v),))
+    """Natural order of axis values and of ``k=v`` labels (:func:`ablate.service.grids.natural_key`)."""
+    return natural_key(v)
 
 
 def sorted_unique(values: Iterable[Any]) -> list[Any]:
@@ -280,7 +271,7 @@ def natural_col(s: pd.Series) -> pd.Series:
     """Sort key of a column: numbers as they are, labels by the natural order of their first value."""
     if pd.api.types.is_numeric_dtype(s):
         return s
-    return s.map(lambda v: sort_key(label_value(v)))
+    return s.map(sort_key)
 
 
 def label_value(label: Any) -> Any:
