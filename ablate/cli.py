@@ -10,39 +10,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ablate.analysis.text import generator_line, lambda_hat_line
+from ablate.analysis.text import text_table as _table
 from ablate.config import ConfigError, RunConfig, parse_assignments
 
 __all__ = ["main"]
-
-
-def _table(rows: list[dict[str, Any]]) -> str:
-    """A plain fixed-width text table."""
-    if not rows:
-        return "(no rows)"
-    cols = list(rows[0])
-    text = [[str("" if r.get(c) is None else r.get(c)) for c in cols] for r in rows]
-    widths = [max(len(c), *(len(t[i]) for t in text)) for i, c in enumerate(cols)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths)), "  ".join("-" * w for w in widths)]
-    lines += ["  ".join(v.ljust(w) for v, w in zip(t, widths)) for t in text]
-    return "\n".join(lines)
-
-
-# ----------------------------------------------------------------- train
-def generator_line(stats: dict[str, float]) -> str:
-    """One line on how hard g is to invert: threshold, per-layer condition numbers, linear R² of g alone."""
-    layers = [v for k, v in sorted(stats.items()) if k.startswith("g_cond_layer_")]
-    return (
-        f"g: layer condition numbers {', '.join(f'{c:.2f}' for c in layers)} "
-        f"(threshold {stats['g_cond_threshold']:.2f}); linear R² of z from g(z) {stats['g_linear_r2']:.3f}"
-    )
-
-
-def lambda_hat_line(lambda_hat: list[float], truth: list[float]) -> str:
-    """Λ̂ sorted ascending beside the true Λ sorted ascending (blocks may permute, so compare sorted)."""
-    return (
-        f"Λ̂ sorted [{' '.join(f'{v:.2f}' for v in sorted(lambda_hat))}]  "
-        f"true Λ sorted [{' '.join(f'{v:g}' for v in sorted(truth))}]"
-    )
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -223,7 +195,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"\nrun directory: {outcome.run_dir}")
     if args.report and not outcome.storage_full:
         _write_run_report(outcome.run_dir)
-    if grid.name in _claim_grids():
+    from ablate.analysis.claims.evaluate import CLAIMS
+
+    if grid.name in CLAIMS:
         print(f"claims: ablate claims {outcome.run_dir}   (does the run reproduce the paper? docs/reproduction.md)")
     resume = resume_command(args, str(outcome.run_dir))
     if outcome.interrupted:
@@ -257,12 +231,6 @@ def _write_run_report(run_dir) -> None:
         print(
             f"report: not written ({type(exc).__name__}: {exc}); retry with `ablate report {run_dir}`", file=sys.stderr
         )
-
-
-def _claim_grids() -> set[str]:
-    from ablate.analysis.claims.evaluate import CLAIMS
-
-    return set(CLAIMS)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
