@@ -84,6 +84,34 @@ def append_row(path: Path, row: dict) -> None:
         f.flush()
 
 
+def _rows(path: Path) -> list[dict]:
+    rows = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a torn last line
+    return rows
+
+
+def _last_logged_iteration(path: Path) -> int | None:
+    its = [r.get("training_iteration") for r in _rows(path)]
+    its = [i for i in its if isinstance(i, int)]
+    return max(its) if its else None
+
+
+def drop_rows_from(path: Path, iteration: int) -> None:
+    """Keep only the rows of ``path`` before ``iteration`` (atomically): a trial resumed from a checkpoint older
+    than its last report (e.g. stopped by Ctrl-C between a report and its checkpoint) reports those again."""
+    kept = [
+        r
+        for r in _rows(path)
+        if not (isinstance(r.get("training_iteration"), int) and r["training_iteration"] >= iteration)
+    ]
+    text = "".join(json.dumps(r, cls=ray_compat.json_encoder()) + "\n" for r in kept)
+    atomic_write(path, lambda p: p.write_text(text))
+
+
 class ResultLog(Callback):
     """Write each trial's params.json and result.json straight into its folder of a local run directory.
 
@@ -94,6 +122,10 @@ class ResultLog(Callback):
     append and replayed by the resumed trial. params.json is written atomically.
     """
 
+    def __init__(self):
+        super().__init__()
+        self._last_iteration: dict[str, int] = {}
+
     def on_trial_start(self, iteration, trials, trial, **info):
         folder = Path(ray_compat.trial_folder(trial))
         folder.mkdir(parents=True, exist_ok=True)
@@ -101,4 +133,13 @@ class ResultLog(Callback):
         atomic_write(folder / PARAMS_FILE, lambda p: p.write_text(text))
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
-        append_row(Path(ray_compat.trial_folder(trial)) / RESULT_FILE, result)
+        path = Path(ray_compat.trial_folder(trial)) / RESULT_FILE
+        it = result.get("training_iteration")
+        if isinstance(it, int):
+            last = self._last_iteration.get(trial.trial_id)
+            if last is None:  # first report of this trial in this driver: what the log already holds
+                last = _last_logged_iteration(path)
+            if last is not None and it <= last:  # replayed from an earlier checkpoint: drop the rows it redoes
+                drop_rows_from(path, it)
+            self._last_iteration[trial.trial_id] = it
+        append_row(path, result)
