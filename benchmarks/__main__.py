@@ -239,6 +239,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--curve", help="time_to_r2: also write seconds,step,r2 per report to this CSV file")
     p.add_argument("--seeds", default="0", help="time_to_r2 and reference_curve: comma-separated seeds")
     p.add_argument("--steps", type=int, default=10_000, help="reference_curve: training steps")
+    p.add_argument("--run-dirs", default="", help="overhead: comma-separated finished run directories")
+    p.add_argument("--slots", type=int, help="overhead: trial slots the runs had (default: CPUs)")
+    p.add_argument("--trials", type=int, default=1000, help="bookkeeping: number of smoke trials")
     args = p.parse_args(argv)
     parts = set(args.only.split(","))
     print(f"# ablate benchmarks: torch {torch.__version__}, {torch.get_num_threads()} threads, "
@@ -261,6 +264,14 @@ def main(argv: list[str] | None = None) -> int:
         _print("peak memory of one trial (process RSS)", [bench_memory(b) for b in (1000, 8192)])
     if "ray" in parts:
         _print("Ray overhead", [bench_ray(args.ray_grid, args.ray_scale)])
+    if "overhead" in parts:  # opt-in: reads finished runs
+        from benchmarks.ray_scale import run_overhead
+
+        _print("Ray overhead of finished runs", [run_overhead(d, args.slots) for d in args.run_dirs.split(",") if d])
+    if "bookkeeping" in parts:  # opt-in: N smoke trials through Ray Tune
+        from benchmarks.ray_scale import bench_bookkeeping
+
+        _print(f"bookkeeping: {args.trials} smoke trials on {os.cpu_count()} CPUs", [bench_bookkeeping(args.trials)])
     if "profile" in parts:  # opt-in
         _print("profile of the reference step (B = 1000, d = 10)", bench_profile())
     seeds = [int(s) for s in args.seeds.split(",")]

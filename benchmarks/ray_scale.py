@@ -1,0 +1,117 @@
+"""Ray's cost at the scale of a grid: the overhead of finished runs, and bookkeeping for many short trials.
+
+``python -m benchmarks --only overhead --run-dirs DIR[,DIR...]`` splits each finished run's wall time into
+    the trials' own compute (Σ ``time_total_s`` / slots), the packing loss that no schedule of those trials
+    avoids (a longest-first schedule of the measured trial times onto the slots, a near-lower bound), and the
+    rest (Ray's start, scheduling, reports, checkpoints, shutdown, and the schedule Ray actually chose).
+``python -m benchmarks --only bookkeeping --trials 1000`` runs a smoke grid of N near-instant trials on the
+    machine's CPUs, modelled on Ray Tune's release test (10k one-second trials under 800 s on 16 CPUs), and
+    reports the wall time, the per-trial overhead, the files per trial and whether any trial or row is lost.
+"""
+
+from __future__ import annotations
+
+import heapq
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+
+def longest_first_makespan(durations: list[float], slots: int) -> float:
+    """Makespan of the longest-processing-time-first schedule of ``durations`` on ``slots`` equal slots."""
+    loads = [0.0] * max(1, slots)
+    for d in sorted(durations, reverse=True):
+        heapq.heapreplace(loads, loads[0] + d)
+    return max(loads)
+
+
+def run_overhead(run_dir: str | os.PathLike, slots: int | None = None) -> dict:
+    """Overhead of a finished run from its own records: wall = its marker's creation to its last report."""
+    from ablate.analysis.claims.evaluate import run_wall_s
+    from ablate.rundir import RunReader
+
+    reader = RunReader(run_dir)
+    compute = []
+    for name in reader.trial_dirs():
+        rows = reader.results(name)
+        if rows:
+            compute.append(float(rows[-1]["time_total_s"]))
+    wall = run_wall_s(run_dir)
+    if not compute or wall is None:
+        raise ValueError(f"{run_dir}: no finished trials or no run marker; nothing to measure")
+    slots = slots or min(os.cpu_count() or 1, len(compute))
+    ideal = sum(compute) / slots
+    packed = longest_first_makespan(compute, slots)
+    return {
+        "run": Path(run_dir).name,
+        "trials": len(compute),
+        "trial_s_min": min(compute),
+        "trial_s_max": max(compute),
+        "wall_s": wall,
+        "compute_over_slots_s": ideal,
+        "longest_first_s": packed,
+        "overhead_pct": 100 * (wall - ideal) / wall,
+        "packing_pct": 100 * (packed - ideal) / wall,
+        "rest_pct": 100 * (wall - packed) / wall,
+    }
+
+
+def _bookkeeping_grid(n_trials: int, folder: Path) -> Path:
+    """A grid file of ``n_trials`` smoke trials (seeds 0..n-1, d = 2, a few steps each)."""
+    spec = {
+        "name": "bookkeeping",
+        "description": f"{n_trials} near-instant trials: Ray Tune's bookkeeping cost per trial",
+        "figure": "none (a benchmark)",
+        "base": {
+            "latent_dim": 2,
+            "encoder_widths": [2, 2],
+            "batch_size": 16,
+            "eval_samples": 256,
+            "generator_cond_samples": 200,
+            "report_every": 5,
+            "concentration": 5,
+            "loss": "aninfonce",
+        },
+        "seeds": list(range(n_trials)),
+        "stop": {"max_steps": 10},
+        "scales": {"smoke": {}, "laptop": {}, "paper": {}},
+    }
+    path = folder / "bookkeeping.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+def bench_bookkeeping(n_trials: int, storage: str | None = None) -> dict:
+    """Run ``n_trials`` smoke trials through ``run_grid`` and count time, files and anything lost."""
+    from ablate.analysis.results import load_results
+    from ablate.service.grids import load_grid
+    from ablate.service.runner import run_grid
+
+    with tempfile.TemporaryDirectory() as tmp:
+        grid = load_grid(str(_bookkeeping_grid(n_trials, Path(tmp))), "laptop")
+        t = time.perf_counter()
+        outcome = run_grid(grid, storage=storage or tmp, verbose=0, num_cpus=os.cpu_count(), keep_checkpoints=1)
+        wall = time.perf_counter() - t
+        df = load_results(outcome.run_dir)
+        files = sum(len(f) for _, _, f in os.walk(outcome.run_dir))
+        size = sum(p.stat().st_size for p in Path(outcome.run_dir).rglob("*") if p.is_file())
+    per_trial = df.groupby("trial_id")
+    compute = float(per_trial["time_total_s"].max().sum())
+    slots = min(os.cpu_count() or 1, n_trials)
+    expected_rows = n_trials * 2  # reports at steps 5 and 10
+    return {
+        "trials": n_trials,
+        "wall_s": wall,
+        "trials_per_s": n_trials / wall,
+        "compute_s": compute,
+        "overhead_s_per_trial": (wall - compute / slots) * slots / n_trials,
+        "finished": len(outcome.trials) - len(outcome.failed),
+        "rows": len(df),
+        "rows_expected": expected_rows,
+        "duplicated_rows": int(df.duplicated(["trial_id", "training_iteration"]).sum()),
+        "files_per_trial": files / n_trials,
+        "kib_per_trial": size / 1024 / n_trials,
+    }
