@@ -133,6 +133,7 @@ def resume_command(args: argparse.Namespace, run_dir: str | None = None) -> str:
         words += ["--preset", args.preset]
     if args.set:
         words += ["--set", *args.set]
+    words += ["--variants", args.variants] if getattr(args, "variants", None) else []
     words += ["--storage", storage]
     if name:
         words += ["--name", name]
@@ -159,6 +160,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"preset {preset.name}: {', '.join(kept)} stay as the grid varies them")
     if args.set:
         grid.apply_settings(parse_assignments(args.set), "--set", axes_win=False)
+    if args.variants:
+        grid.select_variants(args.variants.split(","), "--variants")
 
     def announce(run_dir: str, url: str | None) -> None:
         print(f"run: {run_dir}")
@@ -321,6 +324,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--storage", default="runs", help="folder or URI (s3://, gs://) holding runs (default: ./runs)")
     r.add_argument("--name", help="run name (default: <grid>-<scale>, or <grid>-<scale>-<preset>)")
     r.add_argument("--set", nargs="*", metavar="KEY=VALUE", help="override a setting for every trial")
+    r.add_argument("--variants", metavar="NAME[,NAME]", help="run only these of the grid's variants")
     r.add_argument(
         "--preset",
         help="train every trial with a named preset (ablate/presets/*.yaml), e.g. fast; the "

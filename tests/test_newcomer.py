@@ -70,3 +70,29 @@ def test_a_run_ends_with_a_report_the_claims_command_and_numeric_order(tmp_path)
     assert code == 0, out[-3000:]
     assert f"claims: ablate claims {tmp_path}/batch_vs_dim-smoke" in out
     assert not (tmp_path / "batch_vs_dim-smoke" / "report.html").exists()
+
+
+def test_variants_choose_a_subset_of_a_grid_and_travel_into_the_resume_command():
+    import argparse
+
+    from ablate.cli import resume_command
+
+    grid = load_grid("anisotropy", "laptop")
+    grid.select_variants(["aninfonce", "infonce"], "--variants")
+    assert [v["name"] for v in grid.variants] == ["infonce", "aninfonce"]  # the grid's order
+    assert grid.n_trials == len(grid.trials) == 6 * 2
+    with pytest.raises(GridError, match=r"unknown variant 'aninfnce' .*did you mean 'aninfonce'\?.*allowed: infonce"):
+        load_grid("anisotropy", "laptop").select_variants(["aninfnce"], "--variants")
+    with pytest.raises(GridError, match="has no variants"):
+        load_grid("batch_vs_dim", "laptop").select_variants(["x"], "--variants")
+    args = argparse.Namespace(
+        grid="anisotropy",
+        scale="laptop",
+        preset=None,
+        set=["max_steps=20000"],
+        variants="infonce,aninfonce",
+        storage="/r",
+        name=None,
+    )
+    cmd = resume_command(args, "/r/anisotropy-laptop")
+    assert "--set max_steps=20000 --variants infonce,aninfonce --storage /r --name anisotropy-laptop" in cmd

@@ -166,6 +166,20 @@ class Grid:
         self.trials  # noqa: B018 - re-validate every trial with the new settings
         return kept
 
+    def select_variants(self, names: list[str], source: str) -> None:
+        """Keep only the variants called ``names`` (in the grid's order): a subset of a grid, e.g. to re-run
+        two of its losses for longer. An unknown name fails here, before any compute."""
+        known = [v["name"] for v in self.variants]
+        if not known:
+            raise GridError(f"{source}: grid {self.name} has no variants to choose from")
+        for name in names:
+            if name not in known:
+                raise GridError(
+                    f"{source}: unknown variant {name!r} of grid {self.name}{did_you_mean(name, known)}; "
+                    f"allowed: {', '.join(known)}"
+                )
+        self.variants = [v for v in self.variants if v["name"] in names]
+
     @property
     def trials(self) -> list[Trial]:
         """Every grid point × variant × seed, validated (for Optuna grids: the base point per seed)."""

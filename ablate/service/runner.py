@@ -159,6 +159,7 @@ def _marker(grid: Grid) -> dict[str, Any]:
         "grid_yaml": grid.text,
         "search": grid.search,
         "axes": grid.axis_names(),
+        "variants": [v["name"] for v in grid.variants],
         "n_trials": grid.n_trials,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
