@@ -73,6 +73,7 @@ def parse_experiment_state(text: str) -> dict[str, dict[str, Any]]:
         out[info["trial_id"]] = {
             "status": info.get("status", "UNKNOWN"),
             "params": info.get("evaluated_params", {}),
+            "config": info.get("config") if isinstance(info.get("config"), dict) else {},
             "failures": meta.get("num_failures", 0),
         }
     return out

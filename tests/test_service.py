@@ -254,13 +254,24 @@ def test_optuna_with_a_time_budget_ranks_settings_at_equal_seconds(ray_session, 
 
 
 def test_param_space_starts_the_costliest_trials_first():
+    """Ray nests several grid axes alphabetically (batch_size, the costliest, would vary fastest); ablate's one
+    axis of whole grid points keeps a costliest-first order, every trial exactly once."""
     from ray.tune.search.variant_generator import generate_variants
 
+    from ablate.service.grids import config_from_params, trial_cost
+
     grid = load_grid("batch_vs_dim", "laptop")
-    order = [(c["batch_size"], c["latent_dim"]) for _, c in generate_variants(grid.param_space())]
-    assert order[0] == (max(grid.axes["batch_size"]), max(grid.axes["latent_dim"]))
-    assert order[-1] == (min(grid.axes["batch_size"]), min(grid.axes["latent_dim"]))
-    assert sorted(order) == sorted({(t.config.batch_size, t.config.latent_dim) for t in grid.trials})
+    configs = [config_from_params(c) for _, c in generate_variants(grid.param_space())]
+    order = [(c.batch_size, c.latent_dim) for c in configs]
+    assert order == [(1024, 16), (1024, 8), (1024, 4), (256, 16), (256, 8), (256, 4), (64, 16), (64, 8), (64, 4)]
+    costs = [trial_cost(c) for c in configs]
+    assert costs == sorted(costs, reverse=True)
+    grid = load_grid("anisotropy", "laptop")  # variants travel whole; ties keep the grid's own order
+    configs = [config_from_params(c) for _, c in generate_variants(grid.param_space())]
+    assert sorted((c.seed, str(c.concentration), c.loss, c.tau) for c in configs) == sorted(
+        (t.config.seed, str(t.config.concentration), t.config.loss, t.config.tau) for t in grid.trials
+    )
+    assert len(configs) == grid.n_trials
 
 
 def test_an_optuna_grid_stores_its_study_in_sqlite_that_optuna_can_open(ray_session, tmp_path):

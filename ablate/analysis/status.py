@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from ablate.rundir import INTERRUPTED, TRIAL_PREFIX, RunReader
-from ablate.service.grids import axis_text, natural_key
+from ablate.service.grids import axis_text, flat_params, natural_key
 
 __all__ = ["run_status", "varying_keys"]
 
@@ -28,6 +28,14 @@ def varying_keys(rows: list[dict[str, Any]], skip: tuple[str, ...] = ()) -> list
     return [k for k in keys if k not in skip and len({repr(r.get(k)) for r in rows}) > 1]
 
 
+def _axis_values(state: dict[str, Any], axes: list[str] | None) -> dict[str, Any]:
+    """A trial's value of each axis named by the run marker, from its config (Ray's own record of what it
+    varied holds them under "point"), as display text; Ray's evaluated params where there is no config."""
+    config = flat_params(state.get("config") or {})
+    params = {k: config[k] for k in axes if k in config} if axes and config else state["params"]
+    return {k: axis_text(v) if isinstance(v, dict | list) else v for k, v in params.items()}
+
+
 def run_status(run_dir: str | Path) -> dict[str, Any]:
     """Counts of finished / running / interrupted / errored / pending trials and each trial's latest R²."""
     reader = RunReader(run_dir)
@@ -39,7 +47,7 @@ def run_status(run_dir: str | Path) -> dict[str, Any]:
         results = reader.results(f"{TRIAL_PREFIX}{trial_id}")
         last = results[-1] if results else {}
         r2 = last.get("r2")
-        params = {k: axis_text(v) if isinstance(v, dict | list) else v for k, v in state["params"].items()}
+        params = _axis_values(state, info.get("axes"))
         rows.append(
             {
                 "trial": trial_id,

@@ -11,6 +11,7 @@ from ray.tune import Callback
 
 from ablate import ray_compat
 from ablate.rundir import PARAMS_FILE, RESULT_FILE, atomic_write
+from ablate.service.grids import flat_params
 from ablate.service.snapshots import save_backup
 
 __all__ = ["ResultLog", "SnapshotKeeper", "append_row"]
@@ -129,7 +130,8 @@ class ResultLog(Callback):
     def on_trial_start(self, iteration, trials, trial, **info):
         folder = Path(ray_compat.trial_folder(trial))
         folder.mkdir(parents=True, exist_ok=True)
-        text = json.dumps(trial.config, indent=2, sort_keys=True, cls=ray_compat.json_encoder())
+        params = flat_params(trial.config)  # the grid point's axes at the top level, where readers look
+        text = json.dumps(params, indent=2, sort_keys=True, cls=ray_compat.json_encoder())
         atomic_write(folder / PARAMS_FILE, lambda p: p.write_text(text))
 
     def on_trial_result(self, iteration, trials, trial, result, **info):

@@ -34,7 +34,7 @@ from ablate.rundir import (
     write_text,
 )
 from ablate.service.cluster import auth_hint, init_ray
-from ablate.service.grids import Grid, GridError, axis_text
+from ablate.service.grids import Grid, GridError, axis_text, flat_params
 from ablate.service.search import save_best, tune_config
 from ablate.service.snapshots import BACKUP_DIR, DISCARDED_DIR, SnapshotError, choose_snapshot, has_snapshot
 
@@ -183,10 +183,10 @@ def _callbacks(tensorboard: bool, local: bool) -> list:
 def _reporter(grid: Grid):
     from ray.tune import CLIReporter
 
-    params = {k: k for k in grid.axis_names()}
-    if "variant" in params:
-        params["variant/name"] = "variant"
-        del params["variant"]
+    params = {f"point/{k}": k for k in grid.axis_names()}  # grid points travel whole (Grid.param_space)
+    if "point/variant" in params:
+        params["point/variant/name"] = "variant"
+        del params["point/variant"]
     return CLIReporter(
         metric_columns={m: m for m in PROGRESS_METRICS},
         parameter_columns=params,
@@ -292,7 +292,7 @@ def run_grid(
     outcome.interrupted = interrupted()
     snapshot = RunReader(run_dir).statuses() if outcome.interrupted and local else {}
     for result in results:
-        cfg = result.config or {}
+        cfg = flat_params(result.config or {})
         metrics = result.metrics or {}
         trial_id = metrics.get("trial_id") or Path(result.path).name
         err = None if result.error is None else f"{type(result.error).__name__}: {result.error}"

@@ -19,7 +19,7 @@ from ray import tune
 
 from ablate.core.experiment import Experiment
 from ablate.rundir import atomic_write
-from ablate.service.grids import config_from_params
+from ablate.service.grids import config_from_params, flat_params
 
 __all__ = ["AblateTrainable", "CHECKPOINT_FILE", "FaultSpec", "InjectedFault", "load_state", "write_checkpoint"]
 
@@ -81,7 +81,7 @@ class AblateTrainable(tune.Trainable):
     def _build(self, config: dict[str, Any]) -> None:
         if "grid" not in config:  # never silently train RunConfig defaults for a trial that lost its point
             raise ValueError(f"trial {self.trial_name}: its config has no grid point (keys: {sorted(config)})")
-        self.params = dict(config)
+        self.params = flat_params(config)  # the grid point's axes, variant and seed at the top level
         self.run_config = config_from_params(config, f"trial {self.trial_name}")
         self.experiment = Experiment(self.run_config)
         self.latest_r2: float | None = None
