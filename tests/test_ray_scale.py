@@ -5,7 +5,7 @@ import itertools
 import pytest
 
 from ablate.rundir import RunError
-from benchmarks.ray_scale import bench_bookkeeping, longest_first_makespan, run_overhead
+from benchmarks.ray_scale import bench_bookkeeping, list_makespan, longest_first_makespan, run_overhead
 from tests.conftest import runs_root, smoke_run
 
 
@@ -35,6 +35,9 @@ def test_longest_first_of_a_known_case():
     # 3,3,2,2,2 on 2 slots: LPT puts 3+2+2 and 3+2 -> 7, while the optimum is 6 (3+3 | 2+2+2)
     assert longest_first_makespan([3, 3, 2, 2, 2], 2) == 7
     assert _best_makespan([3, 3, 2, 2, 2], 2) == 6
+    # in the given order: the long trial started last runs alone at the end
+    assert list_makespan([1, 1, 1, 1, 4], 2) == 6
+    assert list_makespan([4, 1, 1, 1, 1], 2) == 4
 
 
 def test_overhead_of_a_real_smoke_run(ray_session, tmp_path_factory):
