@@ -268,6 +268,10 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks.ray_scale import run_overhead
 
         _print("Ray overhead of finished runs", [run_overhead(d, args.slots) for d in args.run_dirs.split(",") if d])
+    if "threads" in parts:  # opt-in: does a trial's result depend on its torch thread count?
+        from benchmarks.ray_scale import bench_thread_determinism
+
+        _print("the same seeded trial trained twice with 1 and twice with 2 torch threads", bench_thread_determinism())
     if "bookkeeping" in parts:  # opt-in: N smoke trials through Ray Tune
         from benchmarks.ray_scale import bench_bookkeeping
 

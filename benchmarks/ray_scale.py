@@ -122,3 +122,35 @@ def bench_bookkeeping(n_trials: int, storage: str | None = None) -> dict:
         "files_per_trial": files / n_trials,
         "kib_per_trial": size / 1024 / n_trials,
     }
+
+
+def bench_thread_determinism(steps: int = 300, threads: tuple[int, ...] = (1, 1, 2, 2)) -> list[dict]:
+    """Train the same seeded trial (d = 10, batch 512, the fast preset's optimiser) with each torch thread
+    count and compare the final parameters with the first: whether a trial's numbers depend on the CPUs it
+    is given (they would, if a trial took free cores while it ran alone)."""
+    import torch
+
+    from ablate.config import RunConfig
+    from ablate.core.experiment import Experiment
+
+    cfg = RunConfig(
+        latent_dim=10, batch_size=512, encoder_widths=[10, 10, 10], lr=1.3e-3, lr_lambda=5.8e-2,
+        loss="aninfonce", concentration=[5] * 5 + [25] * 5, generator_cond_samples=200,
+    )  # fmt: skip
+    before = torch.get_num_threads()
+    rows, first = [], None
+    try:
+        for n in threads:
+            torch.set_num_threads(n)
+            exp = Experiment(cfg)
+            t = time.perf_counter()
+            exp.train(steps)
+            seconds = time.perf_counter() - t
+            flat = torch.cat([p.detach().flatten().double() for p in exp.encoder.parameters()])
+            first = flat if first is None else first
+            rows.append({"threads": n, "steps": steps, "seconds": seconds,
+                         "max_abs_diff_to_first": float((flat - first).abs().max()),
+                         "identical": bool(torch.equal(flat, first))})  # fmt: skip
+    finally:
+        torch.set_num_threads(before)
+    return rows

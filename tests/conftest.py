@@ -28,6 +28,22 @@ def ray_session():
     ray.shutdown()
 
 
+def smoke_cmd(storage, *extra: str) -> list[str]:
+    """The command line of a real `ablate run batch_vs_dim --scale smoke` in a subprocess, storing in ``storage``."""
+    return [
+        sys.executable,
+        "-m",
+        "ablate.cli",
+        "run",
+        "batch_vs_dim",
+        "--scale",
+        "smoke",
+        "--storage",
+        str(storage),
+        *extra,
+    ]
+
+
 def run_logged(cmd: list[str], log_path, timeout: float = 300, env: dict | None = None, cwd=None) -> tuple[int, str]:
     """Run ``cmd`` with its output in a file (not a pipe: Ray's daemons may hold a pipe open after the
     driver exits) in its own process group, killed whole on time-out. Returns (exit code, output)."""

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import sys
-
 import pytest
-from conftest import free_port, run_logged, start_ray_node
+from conftest import free_port, run_logged, smoke_cmd, start_ray_node
 
 pytestmark = pytest.mark.slow
 
@@ -32,19 +30,7 @@ def ray_head():
 
 
 def test_run_joins_an_existing_cluster(ray_head, tmp_path):
-    cmd = [
-        sys.executable,
-        "-m",
-        "ablate.cli",
-        "run",
-        "batch_vs_dim",
-        "--scale",
-        "smoke",
-        "--storage",
-        str(tmp_path),
-        "--address",
-        ray_head,
-    ]
+    cmd = smoke_cmd(tmp_path, "--address", ray_head)
     code, out = run_logged(cmd, tmp_path / "run.log")
     assert code == 0, out[-3000:]
     assert "summary (4 trials" in out

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import free_port, start_ray_node, wait_for_port
+from conftest import free_port, smoke_cmd, start_ray_node, wait_for_port
 
 pytestmark = pytest.mark.slow
 
@@ -131,8 +131,7 @@ def test_trials_of_a_lost_node_resume_on_the_head_from_their_checkpoint(two_node
     address, worker = two_node_cluster
     run_dir = tmp_path / "r"
     cmd = [
-        sys.executable, "-m", "ablate.cli", "run", "batch_vs_dim", "--scale", "smoke", "--storage", str(tmp_path),
-        "--name", "r", "--address", address, "--cpus-per-trial", "1", "--max-failures", "3", "--no-report",
+        *smoke_cmd(tmp_path), "--name", "r", "--address", address, "--cpus-per-trial", "1", "--max-failures", "3", "--no-report",
         "--set", f"max_steps={STEPS}", f"report_every={REPORT_EVERY}",
     ]  # fmt: skip
     log_path = tmp_path / "run.log"

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import run_logged
+from conftest import run_logged, smoke_cmd
 
 pytestmark = pytest.mark.slow
 
@@ -21,16 +21,8 @@ STEPS = 5 * REPORTS
 
 
 def _cmd(storage: Path, name: str, *extra: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "ablate.cli",
-        "run",
-        "batch_vs_dim",
-        "--scale",
-        "smoke",
-        "--storage",
-        str(storage),
+    return smoke_cmd(
+        storage,
         "--name",
         name,
         "--max-concurrent",
@@ -38,7 +30,7 @@ def _cmd(storage: Path, name: str, *extra: str) -> list[str]:
         "--set",
         f"max_steps={STEPS}",
         *extra,
-    ]
+    )
 
 
 def _rows(run_dir: Path) -> dict[str, list[dict]]:

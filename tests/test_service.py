@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import run_logged
+from conftest import run_logged, smoke_cmd
 
 from ablate import cli
 from ablate.service.grids import GridError, known_grids, load_grid, n_reports
@@ -91,23 +91,7 @@ def _trial_rows(run_dir: Path) -> dict[str, list[dict]]:
 def test_resume_after_driver_kill(tmp_path):
     """kill -9 the whole `ablate run` process group mid-grid, then --resume: finished trials are not rerun."""
     reports = 12
-    cmd = [
-        sys.executable,
-        "-m",
-        "ablate.cli",
-        "run",
-        "batch_vs_dim",
-        "--scale",
-        "smoke",
-        "--storage",
-        str(tmp_path),
-        "--name",
-        "r",
-        "--max-concurrent",
-        "1",
-        "--set",
-        f"max_steps={5 * reports}",
-    ]
+    cmd = smoke_cmd(tmp_path, "--name", "r", "--max-concurrent", "1", "--set", f"max_steps={5 * reports}")
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True)
     run_dir = tmp_path / "r"
