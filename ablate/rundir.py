@@ -53,6 +53,10 @@ __all__ = [
 
 #: The marker ablate writes first into every run directory.
 RUN_MARKER = "ablate_run.json"
+#: A second copy of the marker. After a resume, Ray's storage sync copies its staging folder (a copy of the run
+#: directory, marker included) over the run directory file by file, not atomically: a kill in that moment can
+#: tear one file, never both copies.
+RUN_MARKER_BACKUP = "ablate_run.backup.json"
 #: A trial's settings, written once when it starts.
 PARAMS_FILE = "params.json"
 #: A trial's reports, one JSON object per line, append-only.
@@ -209,7 +213,7 @@ class RunReader:
         return self.list_dirs(TRIAL_PREFIX)
 
     def marker(self) -> dict[str, Any]:
-        """The run marker; refuses a directory ablate did not write."""
+        """The run marker (its backup copy where a kill tore it); refuses a directory ablate did not write."""
         text = self.read_text(RUN_MARKER)
         if text is None:
             raise RunError(
@@ -218,7 +222,9 @@ class RunReader:
         try:
             info = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise RunError(f"{self.uri}/{RUN_MARKER}: damaged run marker ({exc})") from None
+            info = _parsed(self.read_text(RUN_MARKER_BACKUP))
+            if info is None:
+                raise RunError(f"{self.uri}/{RUN_MARKER}: damaged run marker ({exc}), and no intact backup") from None
         if not isinstance(info, dict) or "grid" not in info:
             raise RunError(f"{self.uri}/{RUN_MARKER}: not an ablate run marker")
         return info
@@ -272,5 +278,14 @@ def read_marker(run_dir: str | os.PathLike) -> dict[str, Any]:
 
 
 def write_marker(run_dir: str, info: dict[str, Any]) -> None:
-    """Write the run marker (atomically on local disk)."""
-    write_text(f"{run_dir.rstrip('/')}/{RUN_MARKER}", json.dumps(info, indent=1))
+    """Write the run marker and its backup copy (each atomically on local disk)."""
+    for name in (RUN_MARKER, RUN_MARKER_BACKUP):
+        write_text(f"{run_dir.rstrip('/')}/{name}", json.dumps(info, indent=1))
+
+
+def _parsed(text: str | None) -> Any:
+    """JSON ``text`` parsed, or None when it is missing or damaged."""
+    try:
+        return None if text is None else json.loads(text)
+    except json.JSONDecodeError:
+        return None

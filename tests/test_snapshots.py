@@ -165,3 +165,16 @@ def test_result_log_drops_a_torn_last_line_before_appending(tmp_path, torn):
     path.write_bytes(torn)  # no complete line at all
     append_row(path, {"step": 2})
     assert path.read_text() == '{"step": 2}\n'
+
+
+def test_a_torn_run_marker_is_read_from_its_backup(tmp_path):
+    """Ray's sync after a resume copies the run directory's files back non-atomically; a kill then can tear the
+    marker (an empty ablate_run.json was seen in test_reliability). The backup copy keeps the run resumable."""
+    from ablate.rundir import RUN_MARKER, RUN_MARKER_BACKUP, RunError, RunReader, write_marker
+
+    write_marker(str(tmp_path), {"grid": "batch_vs_dim", "scale": "smoke"})
+    (tmp_path / RUN_MARKER).write_text("")
+    assert RunReader(tmp_path).marker()["grid"] == "batch_vs_dim"
+    (tmp_path / RUN_MARKER_BACKUP).write_text('{"grid": "batch_v')
+    with pytest.raises(RunError, match="damaged run marker .* no intact backup"):
+        RunReader(tmp_path).marker()

@@ -144,4 +144,6 @@ class ResultLog(Callback):
             if last is not None and it <= last:  # replayed from an earlier checkpoint: drop the rows it redoes
                 drop_rows_from(path, it)
             self._last_iteration[trial.trial_id] = it
+        if isinstance(result.get("config"), dict):  # the grid point's values at the top level, as in params.json
+            result = {**result, "config": flat_params(result["config"])}
         append_row(path, result)
