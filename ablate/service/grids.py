@@ -237,13 +237,14 @@ def trial_cost(config: RunConfig) -> float:
     """A trial's estimated training cost in FLOP-equivalents, used only to order trials. Per step: the
     encoder's forward and backward on both views (and the hard negatives); the loss's (2B)² similarities,
     whose elementwise passes (exp, log-sum-exp, their gradients) cost about as much as 32 more latent
-    dimensions; and ~1e8 for the step's fixed costs (sampling, optimiser, Python). Calibrated on the laptop
-    batch_vs_dim run of 2026-11-26 (2 CPU cores): it orders that grid's 9 trials as their measured times do,
-    batch size first."""
+    dimensions; and ~1e8 for the step's fixed costs (sampling, optimiser, Python); an ensemble loss runs all of
+    it once per member (one batch per DGP). Calibrated on the laptop batch_vs_dim run of 2026-11-26 (2 CPU
+    cores): it orders that grid's 9 trials as their measured times do, batch size first."""
     d, b = config.latent_dim, config.batch_size
     widths = [d, *(int(m) * d for m in config.encoder_widths), d]
     encoder = 6 * sum(w0 * w1 for w0, w1 in zip(widths, widths[1:])) * b * (2 + config.n_hard_negatives)
-    return float(config.max_steps) * (encoder + 6 * (2 * b) ** 2 * (d + 32) + 1e8)
+    members = len(config.ensemble) if config.loss == "ensemble_aninfonce" and config.ensemble else 1
+    return float(config.max_steps) * members * (encoder + 6 * (2 * b) ** 2 * (d + 32) + 1e8)
 
 
 def costliest_first(configs: list[RunConfig]) -> list[int]:
