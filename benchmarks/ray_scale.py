@@ -38,12 +38,15 @@ def run_overhead(run_dir: str | os.PathLike, slots: int | None = None) -> dict:
     from ablate.analysis.claims.evaluate import run_wall_s
     from ablate.rundir import RunReader
 
+    from ablate.service.grids import config_from_params, trial_cost
+
     reader = RunReader(run_dir)
-    compute = []
+    compute, cost = [], []
     for name in sorted(reader.trial_dirs()):  # trial_<id>_00000, 00001, ...: the order Ray started them in
         rows = reader.results(name)
         if rows:
             compute.append(float(rows[-1]["time_total_s"]))
+            cost.append(trial_cost(config_from_params(reader.params(name) or {})))
     wall = run_wall_s(run_dir)
     if not compute or wall is None:
         raise ValueError(f"{run_dir}: no finished trials or no run marker; nothing to measure")
@@ -51,6 +54,7 @@ def run_overhead(run_dir: str | os.PathLike, slots: int | None = None) -> dict:
     ideal = sum(compute) / slots
     packed = longest_first_makespan(compute, slots)
     in_order = list_makespan(compute, slots)
+    by_cost = list_makespan([c for _, c in sorted(zip(cost, compute), key=lambda p: -p[0])], slots)
     return {
         "run": Path(run_dir).name,
         "trials": len(compute),
@@ -60,6 +64,7 @@ def run_overhead(run_dir: str | os.PathLike, slots: int | None = None) -> dict:
         "compute_over_slots_s": ideal,
         "longest_first_s": packed,
         "grid_order_s": in_order,
+        "cost_order_s": by_cost,
         "overhead_pct": 100 * (wall - ideal) / wall,
         "packing_pct": 100 * (packed - ideal) / wall,
         "rest_pct": 100 * (wall - packed) / wall,
