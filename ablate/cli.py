@@ -231,9 +231,7 @@ def _write_run_report(run_dir) -> None:
     try:
         print(f"report: {write_report(str(run_dir))}")
     except Exception as exc:  # noqa: BLE001 - the run's results are safe on disk; say why and how to retry
-        print(
-            f"report: not written ({type(exc).__name__}: {exc}); retry with `ablate report {run_dir}`", file=sys.stderr
-        )
+        print(f"report: not written ({type(exc).__name__}: {exc}); retry: ablate report {run_dir}", file=sys.stderr)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -325,11 +323,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--name", help="run name (default: <grid>-<scale>, or <grid>-<scale>-<preset>)")
     r.add_argument("--set", nargs="*", metavar="KEY=VALUE", help="override a setting for every trial")
     r.add_argument("--variants", metavar="NAME[,NAME]", help="run only these of the grid's variants")
-    r.add_argument(
-        "--preset",
-        help="train every trial with a named preset (ablate/presets/*.yaml), e.g. fast; the "
-        "grid's axes and --set win over it",
-    )
+    r.add_argument("--preset", help="train every trial with a named preset, e.g. fast; the grid's axes and --set win")
     r.add_argument("--address", help="join an existing Ray cluster: auto or ray://host:10001")
     r.add_argument("--cpus-per-trial", type=float, default=1)
     r.add_argument("--gpus-per-trial", type=float, default=0, help="fractions pack trials onto one GPU")
