@@ -232,12 +232,7 @@ class RunReader:
     def params(self, trial_dir: str) -> dict[str, Any] | None:
         """A trial's params.json, or None when it is missing or damaged."""
         text = self.read_text(trial_dir, PARAMS_FILE)
-        if not text:
-            return None
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError:
-            return None
+        return _parsed(text) if text else None
 
     def trial_states(self) -> dict[str, dict[str, Any]]:
         """trial_id → {status, params, failures} from the newest experiment state (JSON fields only).

@@ -82,7 +82,7 @@ class AblateTrainable(tune.Trainable):
         if "grid" not in config:  # never silently train RunConfig defaults for a trial that lost its point
             raise ValueError(f"trial {self.trial_name}: its config has no grid point (keys: {sorted(config)})")
         self.params = flat_params(config)  # the grid point's axes, variant and seed at the top level
-        self.run_config = config_from_params(config, f"trial {self.trial_name}")
+        self.run_config = config_from_params(self.params, f"trial {self.trial_name}")
         self.experiment = Experiment(self.run_config)
         self.latest_r2: float | None = None
 
