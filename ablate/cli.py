@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -12,6 +10,7 @@ from typing import Any
 
 from ablate.analysis.text import generator_line, lambda_hat_line
 from ablate.analysis.text import text_table as _table
+from ablate.cli_run import cmd_run, resume_command
 from ablate.config import ConfigError, RunConfig, parse_assignments
 
 __all__ = ["main"]
@@ -116,122 +115,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
-# ------------------------------------------------------------------- run
-def resume_command(args: argparse.Namespace, run_dir: str | None = None) -> str:
-    """The `ablate run … --resume` command that continues the run ``args`` started (grid, scale, preset and
-    --set as given; storage and name spelled out, so it works from any folder)."""
-    from ablate.rundir import is_remote
-
-    storage, name = args.storage, args.name
-    if run_dir is not None:
-        run_dir = str(run_dir).rstrip("/")
-        storage, name = run_dir.rsplit("/", 1)
-    elif not is_remote(storage):
-        storage = str(Path(storage).expanduser().resolve())
-    words = ["ablate", "run", args.grid, "--scale", args.scale]
-    if args.preset:
-        words += ["--preset", args.preset]
-    if args.set:
-        words += ["--set", *args.set]
-    words += ["--variants", args.variants] if getattr(args, "variants", None) else []
-    words += ["--storage", storage]
-    if name:
-        words += ["--name", name]
-    for flag in ("address", "cpus_per_trial", "gpus_per_trial", "max_concurrent"):
-        value = getattr(args, flag, None)
-        default = {"cpus_per_trial": 1, "gpus_per_trial": 0}.get(flag)
-        if value is not None and value != default:
-            words += [f"--{flag.replace('_', '-')}", f"{value:g}" if isinstance(value, float) else str(value)]
-    return shlex.join([*words, "--resume"])
-
-
-def cmd_run(args: argparse.Namespace) -> int:
-    from ablate.service.grids import load_grid, natural_key
-    from ablate.service.runner import StorageFull, auth_hint, run_grid, summary_rows
-
-    grid = load_grid(args.grid, args.scale)
-    if args.preset:
-        from ablate.service.presets import load_preset
-
-        preset = load_preset(args.preset)
-        kept = grid.apply_settings(preset.settings, f"preset {preset.name}:", axes_win=True)
-        grid.preset = preset.name
-        if kept:
-            print(f"preset {preset.name}: {', '.join(kept)} stay as the grid varies them")
-    if args.set:
-        grid.apply_settings(parse_assignments(args.set), "--set", axes_win=False)
-    if args.variants:
-        grid.select_variants(args.variants.split(","), "--variants")
-
-    def announce(run_dir: str, url: str | None) -> None:
-        print(f"run: {run_dir}")
-        print(f"grid: {grid.name} at scale {grid.scale}: {grid.n_trials} trials")
-        print(f"dashboard: {url or 'not available'}  ({auth_hint()})", flush=True)
-
-    try:
-        outcome = run_grid(
-            grid,
-            storage=args.storage,
-            name=args.name,
-            address=args.address,
-            cpus_per_trial=args.cpus_per_trial,
-            gpus_per_trial=args.gpus_per_trial,
-            max_concurrent=args.max_concurrent,
-            resume=args.resume,
-            keep_checkpoints=args.keep_checkpoints,
-            max_failures=args.max_failures,
-            tensorboard=args.tensorboard,
-            verbose=args.verbose,
-            on_start=announce,
-        )
-    except StorageFull as exc:
-        print(f"ablate: error: {exc}: {resume_command(args)}", file=sys.stderr)
-        return 1
-    rows = summary_rows(outcome)
-    print(f"\nsummary ({len(rows)} trials, {outcome.wall_s:.1f} s):")
-    print(_table(sorted(rows, key=lambda r: [natural_key(r[k]) for k in grid.axis_names()])))
-    if outcome.best_config:
-        print(
-            f"\nbest configuration ({outcome.best_config['metric']}={outcome.best_config['value']}): "
-            f"{json.dumps(outcome.best_config['config'], default=str)}  (saved to {outcome.run_dir}/best_config.json)"
-        )
-    print(f"\nrun directory: {outcome.run_dir}")
-    if args.report and not outcome.storage_full:
-        _write_run_report(outcome.run_dir)
-    from ablate.analysis.claims.evaluate import CLAIMS
-
-    if grid.name in CLAIMS:
-        print(f"claims: ablate claims {outcome.run_dir}   (does the run reproduce the paper? docs/reproduction.md)")
-    resume = resume_command(args, str(outcome.run_dir))
-    if outcome.interrupted:
-        started = len(outcome.trials)
-        not_started = max(grid.n_trials - started, 0) if grid.search != "optuna" else 0
-        print(
-            f"interrupted: {len(outcome.unfinished)} trial(s) stopped before they finished"
-            + (f", {not_started} not started" if not_started else "")
-            + f"; nothing finished was lost. Continue with:\n  {resume}",
-            file=sys.stderr,
-        )
-        return 130
-    if outcome.storage_full:
-        print(f"ablate: error: {outcome.storage_full}: {resume}", file=sys.stderr)
-        return 1
-    if outcome.failed:
-        print(f"{len(outcome.failed)} trial(s) did not finish:", file=sys.stderr)
-        for t in outcome.failed:
-            print(f"  {t.trial_id} [{t.label}]: {t.error}", file=sys.stderr)
-        return 1
-    return 0
-
-
-def _write_run_report(run_dir) -> None:
-    """RUN_DIR/report.html at the end of a run; a report that cannot be written never fails the run."""
-    from ablate.reports.report import write_report
-
-    try:
-        print(f"report: {write_report(str(run_dir))}")
-    except Exception as exc:  # noqa: BLE001 - the run's results are safe on disk; say why and how to retry
-        print(f"report: not written ({type(exc).__name__}: {exc}); retry: ablate report {run_dir}", file=sys.stderr)
+# ------------------------------------------------------------------- run: ablate.cli_run
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -316,8 +200,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.set_defaults(func=cmd_show)
 
-    r = sub.add_parser("run", help="run a grid through Ray Tune")
-    r.add_argument("grid", help="a grid name (see `ablate list`) or a path to a grid YAML file")
+    r = sub.add_parser("run", help="run one or more grids through Ray Tune")
+    r.add_argument(
+        "grid",
+        nargs="+",
+        help="grid names (see `ablate list`) or paths to grid YAML files; several run one after another on one Ray",
+    )
     r.add_argument("--scale", default="laptop", choices=["smoke", "laptop", "paper"])
     r.add_argument("--storage", default="runs", help="folder or URI (s3://, gs://) holding runs (default: ./runs)")
     r.add_argument("--name", help="run name (default: <grid>-<scale>, or <grid>-<scale>-<preset>)")

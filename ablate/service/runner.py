@@ -48,6 +48,8 @@ __all__ = [
     "auth_hint",
     "optuna_storage_url",
     "probe_acceptance",
+    "default_run_name",
+    "has_run_state",
     "run_grid",
     "summary_rows",
 ]
@@ -197,6 +199,17 @@ def _reporter(grid: Grid):
     )
 
 
+def default_run_name(grid: Grid) -> str:
+    """A run's name when ``--name`` is not given: ``<grid>-<scale>``, or ``<grid>-<scale>-<preset>``."""
+    return f"{grid.name}-{grid.scale}" + (f"-{grid.preset}" if grid.preset else "")
+
+
+def has_run_state(storage: str, name: str) -> bool:
+    """Whether ``<storage>/<name>`` holds a run that ``--resume`` can continue (local storage; remote: True)."""
+    run_dir = resolve_run_dir(storage, name)
+    return is_remote(run_dir) or has_snapshot(run_dir)
+
+
 def run_grid(
     grid: Grid,
     *,
@@ -219,7 +232,7 @@ def run_grid(
     Everything is validated before Ray starts: the grid, the sampler's acceptance, the storage.
     ``on_start(run_dir, dashboard_url)`` is called once Ray is up (the CLI prints it).
     """
-    run_name = name or f"{grid.name}-{grid.scale}" + (f"-{grid.preset}" if grid.preset else "")
+    run_name = name or default_run_name(grid)
     run_dir = resolve_run_dir(storage, run_name)
     probe_acceptance(grid)
     check_writable(storage)

@@ -1,0 +1,184 @@
+"""`ablate run GRID [GRID ...]`: the command-line side of :func:`ablate.service.runner.run_grid`.
+
+Several grids run one after another in one process, on one Ray: the embedded Ray starts once (its start and
+shutdown are most of a laptop grid's fixed cost), and every grid gets its own run directory, summary, report
+and claims hint. Every grid, preset, ``--set`` and ``--variants`` is checked before the first trial starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import shlex
+import sys
+from pathlib import Path
+
+from ablate.analysis.text import text_table as _table
+from ablate.config import ConfigError, parse_assignments
+
+__all__ = ["cmd_run", "resume_command"]
+
+
+def _grid_names(args: argparse.Namespace) -> list[str]:
+    return [args.grid] if isinstance(args.grid, str) else list(args.grid)
+
+
+def resume_command(args: argparse.Namespace, run_dir: str | None = None, grids: list[str] | None = None) -> str:
+    """The `ablate run … --resume` command that continues the run ``args`` started (grids, scale, preset and
+    --set as given; storage and name spelled out, so it works from any folder).
+
+    ``grids`` (default: every grid of ``args``) are the grids still to run; with several, each keeps its
+    default name, and ``--resume`` continues those that started and starts the others.
+    """
+    from ablate.rundir import is_remote
+
+    names = grids if grids is not None else _grid_names(args)
+    storage, name = args.storage, args.name
+    if run_dir is not None and len(names) == 1:
+        run_dir = str(run_dir).rstrip("/")
+        storage, name = run_dir.rsplit("/", 1)
+    elif not is_remote(storage):
+        storage = str(Path(storage).expanduser().resolve())
+    words = ["ablate", "run", *names, "--scale", args.scale]
+    if args.preset:
+        words += ["--preset", args.preset]
+    if args.set:
+        words += ["--set", *args.set]
+    words += ["--variants", args.variants] if getattr(args, "variants", None) else []
+    words += ["--storage", storage]
+    if name and len(names) == 1:
+        words += ["--name", name]
+    for flag in ("address", "cpus_per_trial", "gpus_per_trial", "max_concurrent"):
+        value = getattr(args, flag, None)
+        default = {"cpus_per_trial": 1, "gpus_per_trial": 0}.get(flag)
+        if value is not None and value != default:
+            words += [f"--{flag.replace('_', '-')}", f"{value:g}" if isinstance(value, float) else str(value)]
+    return shlex.join([*words, "--resume"])
+
+
+def _load(args: argparse.Namespace, name: str):
+    """The grid ``name`` at ``args.scale`` with the preset, ``--set`` and ``--variants`` applied (no compute)."""
+    from ablate.service.grids import load_grid
+
+    grid = load_grid(name, args.scale)
+    if args.preset:
+        from ablate.service.presets import load_preset
+
+        preset = load_preset(args.preset)
+        kept = grid.apply_settings(preset.settings, f"preset {preset.name}:", axes_win=True)
+        grid.preset = preset.name
+        if kept:
+            print(f"{grid.name}: preset {preset.name}: {', '.join(kept)} stay as the grid varies them")
+    if args.set:
+        grid.apply_settings(parse_assignments(args.set), "--set", axes_win=False)
+    if args.variants:
+        grid.select_variants(args.variants.split(","), "--variants")
+    return grid
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Run every grid named on the command line, in order; stop at the first that is interrupted."""
+    from ablate.service.runner import default_run_name, has_run_state
+
+    names = _grid_names(args)
+    if len(names) > 1 and args.name:
+        raise ConfigError(f"--name {args.name!r} names one run; with {len(names)} grids each run is <grid>-<scale>")
+    grids = [_load(args, name) for name in names]
+    seen = [g.name for g in grids]
+    twice = sorted({n for n in seen if seen.count(n) > 1})
+    if twice:
+        raise ConfigError(f"grid {', '.join(twice)} is named twice; each grid runs once per `ablate run`")
+    codes = []
+    for i, (name, grid) in enumerate(zip(names, grids)):
+        one = copy.copy(args)
+        one.grid = name
+        if len(grids) > 1:
+            # several grids: --resume continues each grid that has a run and starts the others
+            one.resume = args.resume and has_run_state(args.storage, default_run_name(grid))
+            print(f"\n=== grid {i + 1} of {len(grids)}: {grid.name} ===", flush=True)
+        code = _run_one(one, grid)
+        codes.append(code)
+        if code == 130:
+            if i + 1 < len(grids):
+                rest = resume_command(args, grids=names[i:])
+                print(f"{len(grids) - i - 1} grid(s) not started; run them all with:\n  {rest}", file=sys.stderr)
+            return 130
+    if len(grids) > 1:
+        print("\n" + ", ".join(f"{g.name}: {'ok' if c == 0 else f'exit {c}'}" for g, c in zip(grids, codes)))
+    return max(codes)
+
+
+def _run_one(args: argparse.Namespace, grid) -> int:
+    from ablate.service.grids import natural_key
+    from ablate.service.runner import StorageFull, auth_hint, run_grid, summary_rows
+
+    def announce(run_dir: str, url: str | None) -> None:
+        print(f"run: {run_dir}")
+        print(f"grid: {grid.name} at scale {grid.scale}: {grid.n_trials} trials")
+        print(f"dashboard: {url or 'not available'}  ({auth_hint()})", flush=True)
+
+    try:
+        outcome = run_grid(
+            grid,
+            storage=args.storage,
+            name=args.name,
+            address=args.address,
+            cpus_per_trial=args.cpus_per_trial,
+            gpus_per_trial=args.gpus_per_trial,
+            max_concurrent=args.max_concurrent,
+            resume=args.resume,
+            keep_checkpoints=args.keep_checkpoints,
+            max_failures=args.max_failures,
+            tensorboard=args.tensorboard,
+            verbose=args.verbose,
+            on_start=announce,
+        )
+    except StorageFull as exc:
+        print(f"ablate: error: {exc}: {resume_command(args)}", file=sys.stderr)
+        return 1
+    rows = summary_rows(outcome)
+    print(f"\nsummary ({len(rows)} trials, {outcome.wall_s:.1f} s):")
+    print(_table(sorted(rows, key=lambda r: [natural_key(r[k]) for k in grid.axis_names()])))
+    if outcome.best_config:
+        print(
+            f"\nbest configuration ({outcome.best_config['metric']}={outcome.best_config['value']}): "
+            f"{json.dumps(outcome.best_config['config'], default=str)}  (saved to {outcome.run_dir}/best_config.json)"
+        )
+    print(f"\nrun directory: {outcome.run_dir}")
+    if args.report and not outcome.storage_full:
+        _write_run_report(outcome.run_dir)
+    from ablate.analysis.claims.evaluate import CLAIMS
+
+    if grid.name in CLAIMS:
+        print(f"claims: ablate claims {outcome.run_dir}   (does the run reproduce the paper? docs/reproduction.md)")
+    resume = resume_command(args, str(outcome.run_dir))
+    if outcome.interrupted:
+        started = len(outcome.trials)
+        not_started = max(grid.n_trials - started, 0) if grid.search != "optuna" else 0
+        print(
+            f"interrupted: {len(outcome.unfinished)} trial(s) stopped before they finished"
+            + (f", {not_started} not started" if not_started else "")
+            + f"; nothing finished was lost. Continue with:\n  {resume}",
+            file=sys.stderr,
+        )
+        return 130
+    if outcome.storage_full:
+        print(f"ablate: error: {outcome.storage_full}: {resume}", file=sys.stderr)
+        return 1
+    if outcome.failed:
+        print(f"{len(outcome.failed)} trial(s) did not finish:", file=sys.stderr)
+        for t in outcome.failed:
+            print(f"  {t.trial_id} [{t.label}]: {t.error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _write_run_report(run_dir) -> None:
+    """RUN_DIR/report.html at the end of a run; a report that cannot be written never fails the run."""
+    from ablate.reports.report import write_report
+
+    try:
+        print(f"report: {write_report(str(run_dir))}")
+    except Exception as exc:  # noqa: BLE001 - the run's results are safe on disk; say why and how to retry
+        print(f"report: not written ({type(exc).__name__}: {exc}); retry: ablate report {run_dir}", file=sys.stderr)
