@@ -1,4 +1,4 @@
-"""`python -m benchmarks [--quick] [--only step,sampler,memory,ray,profile,time_to_r2,reference_curve,generator]`.
+"""`python -m benchmarks [--quick] [--only step,sampler,memory,ray,profile,time_to_r2,reference_curve,generator,overhead,threads,bookkeeping,shared_ray]`.
 
 Prints ablate's performance tables.
 
@@ -242,6 +242,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--run-dirs", default="", help="overhead: comma-separated finished run directories")
     p.add_argument("--slots", type=int, help="overhead: trial slots the runs had (default: CPUs)")
     p.add_argument("--trials", type=int, default=1000, help="bookkeeping: number of smoke trials")
+    p.add_argument("--grids", default="tricl,batch_vs_dim", help="shared_ray: comma-separated grids")
+    p.add_argument("--scale", default="smoke", help="shared_ray: the grids' scale")
     args = p.parse_args(argv)
     parts = set(args.only.split(","))
     print(f"# ablate benchmarks: torch {torch.__version__}, {torch.get_num_threads()} threads, "
@@ -276,6 +278,12 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks.ray_scale import bench_bookkeeping
 
         _print(f"bookkeeping: {args.trials} smoke trials on {os.cpu_count()} CPUs", [bench_bookkeeping(args.trials)])
+    if "shared_ray" in parts:  # opt-in: one Ray per grid against one Ray for several grids
+        from benchmarks.ray_scale import bench_shared_ray
+
+        grids = args.grids.split(",")
+        _print(f"{len(grids)} grids ({args.scale}): one `ablate run` each against one `ablate run` of all",
+               bench_shared_ray(grids, args.scale))
     if "profile" in parts:  # opt-in
         _print("profile of the reference step (B = 1000, d = 10)", bench_profile())
     seeds = [int(s) for s in args.seeds.split(",")]

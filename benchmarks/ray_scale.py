@@ -7,12 +7,16 @@
 ``python -m benchmarks --only bookkeeping --trials 1000`` runs a smoke grid of N near-instant trials on the
     machine's CPUs, modelled on Ray Tune's release test (10k one-second trials under 800 s on 16 CPUs), and
     reports the wall time, the per-trial overhead, the files per trial and whether any trial or row is lost.
+``python -m benchmarks --only shared_ray --grids tricl,batch_vs_dim`` times `ablate run A` then `ablate run B`
+    (one embedded Ray each) against `ablate run A B` (one Ray for both), alternating, in fresh subprocesses.
 """
 
 from __future__ import annotations
 
 import heapq
 import os
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -158,4 +162,30 @@ def bench_thread_determinism(steps: int = 300, threads: tuple[int, ...] = (1, 1,
                          "identical": bool(torch.equal(flat, first))})  # fmt: skip
     finally:
         torch.set_num_threads(before)
+    return rows
+
+
+def _timed_cli(args: list[str], log: Path) -> float:
+    t = time.perf_counter()
+    with open(log, "w") as out:
+        code = subprocess.call([sys.executable, "-m", "ablate.cli", *args], stdout=out, stderr=subprocess.STDOUT)
+    if code != 0:
+        raise RuntimeError(f"`ablate {' '.join(args)}` exited {code}; see {log}")
+    return time.perf_counter() - t
+
+
+def bench_shared_ray(grids: list[str], scale: str = "smoke", rounds: int = 2) -> list[dict]:
+    """Wall time of running ``grids`` as one `ablate run` each against one `ablate run` of them all, which
+    starts Ray once; alternating, ``rounds`` times each, every run in a fresh storage folder."""
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(rounds):
+            common = ["--scale", scale, "--no-report", "--verbose", "0"]
+            storage = Path(tmp) / f"separate{r}"
+            walls = [_timed_cli(["run", g, *common, "--storage", str(storage)], storage.with_suffix(f".{g}.log"))
+                     for g in grids]  # fmt: skip
+            storage = Path(tmp) / f"shared{r}"
+            shared = _timed_cli(["run", *grids, *common, "--storage", str(storage)], storage.with_suffix(".log"))
+            rows.append({"round": r, "grids": len(grids), "separate_s": sum(walls), "shared_s": shared,
+                         "saved_per_extra_grid_s": (sum(walls) - shared) / max(len(grids) - 1, 1)})  # fmt: skip
     return rows
