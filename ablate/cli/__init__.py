@@ -10,7 +10,7 @@ from typing import Any
 
 from ablate.analysis.text import generator_line, lambda_hat_line
 from ablate.analysis.text import text_table as _table
-from ablate.cli_run import cmd_run, resume_command
+from ablate.cli.run import cmd_run, resume_command
 from ablate.config import ConfigError, RunConfig, parse_assignments
 
 __all__ = ["main"]
@@ -115,7 +115,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
-# ------------------------------------------------------------------- run: ablate.cli_run
+# ------------------------------------------------------------------- run: ablate.cli.run
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -279,7 +279,3 @@ def main(argv: list[str] | None = None) -> int:
         hint = f": {resume_command(args)}" if args.command == "run" else ""
         print(f"ablate: interrupted; continue with --resume{hint}", file=sys.stderr)
         return 130
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
