@@ -60,3 +60,28 @@ def test_two_grids_share_one_ray_and_resume_continues_started_grids_and_starts_t
     again = load_results(runs / "batch_vs_dim-smoke")
     assert len(again) == len(first), "resuming a finished grid added or dropped rows"
     assert not again.duplicated(["trial_id", "step"]).any()
+
+
+def test_the_resume_command_of_several_grids_names_the_grids_still_to_run(tmp_path):
+    from ablate.cli import build_parser
+    from ablate.cli.run import resume_command
+
+    args = build_parser().parse_args(
+        [
+            "run",
+            "tricl",
+            "ensemble",
+            "hard_negatives",
+            "--scale",
+            "smoke",
+            "--storage",
+            str(tmp_path),
+            "--set",
+            "lr=0.01",
+        ]
+    )
+    line = resume_command(args, grids=["ensemble", "hard_negatives"])
+    assert line.startswith("ablate run ensemble hard_negatives --scale smoke --set lr=0.01 --storage ")
+    assert "--name" not in line and line.endswith("--resume")
+    one = build_parser().parse_args(["run", "tricl", "--scale", "smoke", "--storage", str(tmp_path)])
+    assert f"--storage {tmp_path} --name tricl-smoke --resume" in resume_command(one, str(tmp_path / "tricl-smoke"))
