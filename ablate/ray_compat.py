@@ -12,6 +12,7 @@ import logging
 import os
 import re
 import signal
+import sys
 import threading
 import traceback
 from collections.abc import Callable, Iterator
@@ -31,6 +32,7 @@ __all__ = [
     "refresh_auth_config",
     "refuse_silent_restart",
     "set_tune_environment",
+    "quiet_exit_on_sigterm",
     "snapshot_paths",
     "trial_folder",
 ]
@@ -228,6 +230,25 @@ def hide_full_disk_tracebacks(on_first: Callable[[str], None]) -> Iterator[None]
     finally:
         for logger in loggers:
             logger.removeFilter(guard)
+
+
+# ------------------------------------------------------------------ a trial's actor stopped by SIGTERM
+def _drop_sigterm_exit(unraisable: Any) -> None:
+    if isinstance(unraisable.exc_value, SystemExit):
+        return
+    sys.__unraisablehook__(unraisable)
+
+
+def quiet_exit_on_sigterm() -> None:
+    """In a trial's actor process: let Ray's SIGTERM exit stay silent when it lands in a weakref callback.
+
+    When a run ends early (a full disk, Ctrl-C), Ray stops the trials' actors with SIGTERM; Ray 2.60's handler
+    (``ray._private.worker.sigterm_handler``) raises ``SystemExit``. If the signal arrives while Python runs a
+    weakref callback, the exception cannot propagate and Python prints "Exception ignored in ..." with a
+    10-line traceback, which Ray forwards to the driver's terminal. The process exits either way; this hook
+    drops only such ``SystemExit`` records and passes every other unraisable exception to Python's default.
+    """
+    sys.unraisablehook = _drop_sigterm_exit
 
 
 # ------------------------------------------------------------------ ray.init, auth and the dashboard

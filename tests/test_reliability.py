@@ -248,3 +248,27 @@ def test_full_disk_ends_with_one_line_and_resume_loses_nothing(tmp_path, small_d
         assert trial["step"].tolist() == list(range(5, STEPS + 1, 5)), trial["step"].tolist()
     for point, last in _final_by_point(small_disk / "r").items():
         assert last["r2"] == uninterrupted[point]["r2"] and last["loss"] == uninterrupted[point]["loss"], point
+
+
+def test_a_sigterm_exit_inside_a_weakref_callback_prints_nothing_other_errors_still_print():
+    """The trial actor's hook drops the 'Exception ignored' traceback of Ray's SIGTERM SystemExit (seen when a
+    full disk ended a run in CI) and nothing else: a real weakref callback in a fresh interpreter."""
+    script = """
+import sys, weakref
+from ablate import ray_compat
+ray_compat.quiet_exit_on_sigterm()
+class Box: pass
+def make(exc):
+    def callback(ref):
+        raise exc
+    return callback
+for exc in (SystemExit(1), ValueError("kept")):
+    box = Box()
+    ref = weakref.ref(box, make(exc))
+    del box
+print("alive")
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "alive", done.stderr
+    assert "SystemExit" not in done.stderr, done.stderr
+    assert "Exception ignored" in done.stderr and "ValueError: kept" in done.stderr, done.stderr

@@ -17,6 +17,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from ray import tune
 
+from ablate import ray_compat
 from ablate.core.experiment import Experiment
 from ablate.rundir import atomic_write
 from ablate.service.grids import config_from_params, flat_params
@@ -75,6 +76,7 @@ class AblateTrainable(tune.Trainable):
     def setup(self, config: dict[str, Any]) -> None:
         for name in ("ray.tune", "ray.train"):  # no log line per checkpoint
             logging.getLogger(name).setLevel(logging.WARNING)
+        ray_compat.quiet_exit_on_sigterm()
         self._use_assigned_cpus()
         self._build(config)
 
