@@ -1,4 +1,4 @@
-"""`python -m benchmarks [--quick] [--only step,sampler,memory,ray,profile,time_to_r2,reference_curve,generator,overhead,threads,bookkeeping,shared_ray]`.
+"""`python -m benchmarks [--quick] [--only step,sampler,memory,ray,profile,time_to_r2,reference_curve,generator,overhead,threads,bookkeeping,shared_ray,ray_cpu]`.
 
 Prints ablate's performance tables.
 
@@ -244,6 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trials", type=int, default=1000, help="bookkeeping: number of smoke trials")
     p.add_argument("--grids", default="tricl,batch_vs_dim", help="shared_ray: comma-separated grids")
     p.add_argument("--scale", default="smoke", help="shared_ray: the grids' scale")
+    p.add_argument("--pid", type=int, help="ray_cpu: sample this running `ablate run` (its driver) instead")
+    p.add_argument("--window", type=float, default=300.0, help="ray_cpu with --pid: seconds to sample")
     args = p.parse_args(argv)
     parts = set(args.only.split(","))
     print(f"# ablate benchmarks: torch {torch.__version__}, {torch.get_num_threads()} threads, "
@@ -284,6 +286,11 @@ def main(argv: list[str] | None = None) -> int:
         grids = args.grids.split(",")
         _print(f"{len(grids)} grids ({args.scale}): one `ablate run` each against one `ablate run` of all",
                bench_shared_ray(grids, args.scale))
+    if "ray_cpu" in parts:  # opt-in: CPU seconds per process role of an `ablate run` (Linux /proc)
+        from benchmarks.ray_cpu import bench_ray_cpu, bench_running
+
+        rows = bench_running(args.pid, args.window) if args.pid else bench_ray_cpu(args.ray_grid, args.ray_scale)
+        _print("where the cores go during `ablate run` (CPU seconds per process role)", rows)
     if "profile" in parts:  # opt-in
         _print("profile of the reference step (B = 1000, d = 10)", bench_profile())
     seeds = [int(s) for s in args.seeds.split(",")]

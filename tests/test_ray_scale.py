@@ -60,3 +60,25 @@ def test_bookkeeping_loses_nothing(ray_session):
     assert row["rows"] == row["rows_expected"] == 12
     assert row["duplicated_rows"] == 0
     assert row["files_per_trial"] > 1
+
+
+def test_cpu_sampler_credits_a_busy_grandchild_to_its_role():
+    """benchmarks/ray_cpu.py on a real process tree: a parent whose grandchild burns about 1.5 CPU seconds
+    under the log monitor's name; the sampler finds it below the root and credits it to that role."""
+    import subprocess
+    import sys
+
+    from benchmarks.ray_cpu import role_of, sample_tree
+
+    burn = "import time\nt=time.process_time()\nwhile time.process_time()-t<1.5: pass"
+    child = f"import subprocess,sys; subprocess.run([sys.executable,'-c',{burn!r},'log_monitor.py'])"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", f"import subprocess,sys; subprocess.run([sys.executable,'-c',{child!r}])"]
+    )
+    used, wall = sample_tree(proc.pid, lambda: proc.poll() is not None, interval=0.1)
+    assert proc.returncode == 0
+    assert 1.2 <= used.get("log monitor", 0.0) <= 2.0, used  # lost: at most the last 0.1 s before it ended
+    assert wall >= 1.5
+    assert role_of("/x/ray/core/src/ray/raylet/raylet --dashboard_agent_command=x", False) == "raylet"
+    assert role_of("ray::AblateTrainable.train", False) == "trial"
+    assert role_of("python -m ablate.cli run g", True) == "driver"
