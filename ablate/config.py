@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 __all__ = [
     "did_you_mean",
+    "unknown_setting",
     "ConfigError",
     "LOSSES",
     "RunConfig",
@@ -43,6 +44,11 @@ def did_you_mean(word: str, choices) -> str:
 
     close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)
     return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def unknown_setting(key: str) -> str:
+    """What to say about a key that is not a :class:`RunConfig` field: the closest field, then every one."""
+    return f"unknown setting{did_you_mean(key, RunConfig.model_fields)}; allowed: {', '.join(sorted(RunConfig.model_fields))}"
 
 
 def resolve_concentration(spec: ConcentrationSpec, d: int, field: str = "concentration") -> list[float]:

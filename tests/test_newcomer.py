@@ -41,6 +41,12 @@ def test_misspelt_names_suggest_the_closest_known_one(tmp_path):
         load_grid("batch_vs_dm", "smoke")
     with pytest.raises(ConfigError, match=r"did you mean 'batch_size'\?"):
         RunConfig.build({"batchsize": 5})
+    with pytest.raises(GridError, match=r"--set batch_sise: unknown setting \(did you mean 'batch_size'\?\)"):
+        load_grid("batch_vs_dim", "smoke").apply_settings({"batch_sise": 3}, "--set", axes_win=False)
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("name: typo\nbase: {lattent_dim: 3}\nseeds: [0]\nscales: {smoke: {}, laptop: {}, paper: {}}\n")
+    with pytest.raises(GridError, match=r"base.lattent_dim: unknown setting \(did you mean 'latent_dim'\?\)"):
+        load_grid(str(typo), "smoke")
     spec = tmp_path / "d.yaml"
     spec.write_text("grid: order_check\npanels:\n  - {kind: r2_curve, figure: none}\n")
     with pytest.raises(Exception, match=r"did you mean 'r2_curves'\?"):

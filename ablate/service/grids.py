@@ -36,7 +36,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ablate.config import ConfigError, RunConfig, did_you_mean
+from ablate.config import ConfigError, RunConfig, did_you_mean, unknown_setting
 from ablate.service.specs import SCALES, GridFile, parse_spec, read_yaml, spec_error
 from ablate.shipped import SEARCH_SPACES, shipped_dir, shipped_files
 
@@ -154,9 +154,7 @@ class Grid:
         kept = []
         for key, value in settings.items():
             if key not in RunConfig.model_fields:
-                raise GridError(
-                    f"{source} {key}: unknown setting; allowed: {', '.join(sorted(RunConfig.model_fields))}"
-                )
+                raise GridError(f"{source} {key}: {unknown_setting(key)}")
             varied = key in self.axes or key in self.optuna.get("space", {}) or any(key in v for v in self.variants)
             if varied and axes_win:
                 kept.append(key)

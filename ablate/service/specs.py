@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from ablate.config import RunConfig, yaml_loader
+from ablate.config import RunConfig, unknown_setting, yaml_loader
 
 __all__ = [
     "SCALES",
@@ -136,7 +136,7 @@ def unknown_settings(mapping: dict[str, Any], where: str = "") -> None:
     """Raise (for a validator) when a key of ``mapping`` is not a RunConfig field; ``where`` prefixes the key."""
     for key in mapping:
         if key not in RunConfig.model_fields:
-            raise ValueError(f"{where}.{key}: unknown setting; allowed: {', '.join(sorted(RunConfig.model_fields))}")
+            raise ValueError(f"{where}.{key}: {unknown_setting(key)}")
 
 
 # ------------------------------------------------------------------------------------------ grids
