@@ -398,6 +398,35 @@ def test_pair_cross_entropy_is_stable_for_large_concentrations():
     assert torch.isfinite(loss) and torch.isfinite(h.grad).all()
 
 
+@pytest.mark.parametrize("column_coef", [0.5, 0.0])
+def test_pair_cross_entropy_with_sharp_logits_matches_a_float64_reference(column_coef):
+    """Most shifted logits below the CPU exp clamp (exp_floor): loss and gradients in fp32 still equal the exact
+    fp64 autograd values to fp32 precision, and the excluded diagonal gets no weight."""
+    from ablate.core.losses.pair import exp_floor, pair_cross_entropy
+
+    g = torch.Generator().manual_seed(11)
+    b, d = 64, 6
+    h = torch.nn.functional.normalize(torch.randn(2 * b, d, generator=g), dim=1)
+    h[b:] = torch.nn.functional.normalize(h[:b] + 0.05 * torch.randn(b, d, generator=g), dim=1)
+    w = torch.full((d,), 400.0)
+    h64, w64 = h.double().requires_grad_(), w.double().requires_grad_()
+    if column_coef:
+        logits = aninfonce_logits(h64, w64)
+    else:
+        logits = ((h64 * w64) @ h64.T).fill_diagonal_(float("-inf"))
+    shifted = logits - logits.amax(1, keepdim=True)
+    below = (shifted < exp_floor(torch.float32)).sum() / (2 * b * (2 * b - 1))
+    assert below > 0.5  # the clamp is in play for most terms
+    ref = torch.nn.functional.cross_entropy(logits, pair_targets(b, h.device))
+    ref.backward()
+    h32, w32 = h.clone().requires_grad_(), w.clone().requires_grad_()
+    out = pair_cross_entropy(h32, w32, column_coef)
+    out.backward()
+    assert out.item() == pytest.approx(ref.item(), rel=1e-5, abs=1e-6)
+    torch.testing.assert_close(h32.grad.double(), h64.grad, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(w32.grad.double(), w64.grad, rtol=1e-4, atol=1e-7)
+
+
 # ------------------------------------------------------------- InfoNCE, the reference code's batch layout
 
 
