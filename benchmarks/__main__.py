@@ -1,4 +1,4 @@
-"""`python -m benchmarks [--quick] [--only step,sampler,memory,ray,profile,time_to_r2,reference_curve,generator,overhead,threads,bookkeeping,shared_ray,ray_cpu]`.
+"""`python -m benchmarks [--quick] [--only step,sampler,memory,ray,profile,time_to_r2,reference_curve,generator,overhead,threads,bookkeeping,shared_ray,ray_cpu,pair_loss]`.
 
 Prints ablate's performance tables.
 
@@ -59,6 +59,30 @@ def bench_step(batch: int, d: int, steps: int, widths=None) -> dict:
     exp.train(steps)
     dt = (time.perf_counter() - t) / steps
     return {"batch": batch, "d": d, "ms_per_step": dt * 1e3, "gflops": step_flops(exp) / dt / 1e9}
+
+
+def bench_pair_loss(n: int, d: int, weight: float, clamp: bool, repeats: int = 10) -> dict:
+    """ms per call of the fused pair loss (forward with its gradient) on normalised encodings with Λ̂ = weight·I;
+    ``clamp=False`` disables the CPU exp clamp (``exp_floor``) to show what it saves on sharp logits."""
+    from ablate.core.losses import pair
+
+    g = torch.Generator().manual_seed(0)
+    h = torch.nn.functional.normalize(torch.randn(n, d, generator=g), dim=1)
+    h[n // 2 :] = torch.nn.functional.normalize(h[: n // 2] + 0.05 * torch.randn(n // 2, d, generator=g), dim=1)
+    w = torch.full((d,), weight)
+    original = pair.exp_floor
+    pair.exp_floor = original if clamp else (lambda dtype: float("-inf"))
+    try:
+        logits = (h * w) @ h.T
+        below = float(((logits - logits.amax(1, keepdim=True)) < original(torch.float32)).float().mean())
+        pair.pair_cross_entropy(h, w, 0.5)
+        t = time.perf_counter()
+        for _ in range(repeats):
+            pair.pair_cross_entropy(h, w, 0.5)
+        ms = (time.perf_counter() - t) / repeats * 1e3
+    finally:
+        pair.exp_floor = original
+    return {"n": n, "d": d, "lambda_hat": weight, "share_below_floor": below, "clamp": clamp, "ms": ms}
 
 
 def bench_sampler(d: int, lam: float, n: int = 20000) -> dict:
@@ -261,6 +285,9 @@ def main(argv: list[str] | None = None) -> int:
             r["ratio_to_peak"] = r["gflops"] / peak
             rows.append(r)
         _print("training step, reference encoder, AnInfoNCE", rows)
+    if "pair_loss" in parts:  # opt-in: the CPU exp clamp on moderate and sharp logits
+        rows = [bench_pair_loss(2048, d, w, clamp) for d in (4, 10) for w in (5.0, 400.0) for clamp in (False, True)]
+        _print("fused pair loss (forward with its gradient), normalised h, Λ̂ = λ·I, this process's torch threads", rows)
     if "sampler" in parts:
         rows = [bench_sampler(d, lam) for d in (10, 20) for lam in (5.0, 25.0, 75.0)]
         _print("conditional sampler (threshold 0.1)", rows)
