@@ -134,6 +134,7 @@ def bench_ray_cpu(grid: str, scale: str, storage: str | None = None) -> list[dic
         used, wall = sample_tree(proc.pid, lambda: proc.poll() is not None)
     if proc.returncode != 0:
         raise RuntimeError(f"`{' '.join(cmd)}` exited {proc.returncode}; see {folder}/run.log")
+    print(f"ray_cpu: the run is in {folder}/{grid}-{scale} (its overhead: --only overhead --run-dirs ...)")
     return _table(used, wall, f"{grid} ({scale}), {wall:.0f} s")
 
 
