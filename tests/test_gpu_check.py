@@ -50,7 +50,7 @@ def test_gpu_check_without_cuda_skips_every_part_and_needs_no_ray(tmp_path):
     code = (
         "import sys; from benchmarks.gpu_check import main; rc = main([sys.argv[1], '--quick']); "
         "print('RAY_IMPORTED' if any(m.split('.')[0] in ('ray', 'optuna', 'plotly') for m in sys.modules) else 'NO_RAY');"
-        "sys.exit(rc)"
+        "rc = rc or main([sys.argv[1] + '/c9', '--quick', '--only', 'claim9']); sys.exit(rc)"
     )
     proc = subprocess.run(
         [sys.executable, "-c", code, str(tmp_path)],
@@ -68,6 +68,7 @@ def test_gpu_check_without_cuda_skips_every_part_and_needs_no_ray(tmp_path):
         "the training step",
         "packing trials on one GPU",
         "the science at GPU speed",
+        "claim 9 at the reference batch",
     ):
         assert f"no CUDA device: skipping {part}" in proc.stdout
     assert "NO_RAY" in proc.stdout
