@@ -5,7 +5,8 @@
 ``python -m benchmarks --only ray_cpu --pid PID --window 300`` samples an `ablate run` that is already running
     (PID = its driver) for a window of seconds, e.g. a long laptop grid in steady state.
 
-Roles: the trials' actors (``ray::AblateTrainable`` / ``ray::ResourceTrainable``), the driver (`ablate run`
+Roles (decided from each process's latest command line; raylet and gcs_server by their program name): the
+trials' actors (``ray::AblateTrainable`` / ``ray::ResourceTrainable``), the driver (`ablate run`
 itself: Tune's loop, callbacks, progress), Ray's daemons (raylet, gcs_server), the dashboard and its agents,
 the log monitor, the autoscaler monitor, idle workers, and the rest. CPU seconds are utime + stime of each
 process, so they measure work, not waiting; a process that ends between two samples loses at most its last
@@ -30,8 +31,6 @@ ROLES = (
     ("runtime env agent", ("RuntimeEnv",)),
     ("log monitor", ("log_monitor",)),
     ("autoscaler monitor", ("autoscaler",)),
-    ("raylet", ("raylet",)),
-    ("gcs_server", ("gcs_server",)),
 )
 
 
@@ -97,9 +96,12 @@ def sample_tree(root: int, until, interval: float = 0.5) -> tuple[dict[str, floa
     while True:
         now = _descendants(root)
         for pid, cpu in now.items():
-            if pid not in roles:
-                roles[pid] = role_of(_cmdline(pid), pid == root)
+            if pid not in first:
                 first[pid] = cpu if initial else 0.0  # a process born in the window counts from its start
+            # read each time: a Ray worker starts as default_worker.py and renames itself ray::<Actor> later
+            line = _cmdline(pid)
+            if line or pid not in roles:  # a process that just ended has no command line: keep its role
+                roles[pid] = role_of(line, pid == root)
             last[pid] = cpu
         initial = False
         if until() or not now:
