@@ -192,6 +192,10 @@ class RunConfig(BaseModel):
     # --- execution
     device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="'auto' = cuda when available")
     dtype: Literal["float32", "float64"] = Field(default="float32", description="training dtype")
+    prefetch: bool = Field(
+        default=True,
+        description="on the CPU, draw the next batch in a second thread while a step runs (same numbers)",
+    )
 
     @field_validator("concentration", "negative_concentration", mode="before")
     @classmethod

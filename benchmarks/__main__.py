@@ -1,4 +1,4 @@
-"""`python -m benchmarks [--quick] [--only step,sampler,memory,ray,profile,time_to_r2,reference_curve,generator,overhead,threads,bookkeeping,shared_ray,ray_cpu,pair_loss]`.
+"""`python -m benchmarks [--quick] [--only step,sampler,memory,ray,profile,time_to_r2,reference_curve,generator,overhead,threads,bookkeeping,shared_ray,ray_cpu,pair_loss,prefetch]`.
 
 Prints ablate's performance tables.
 
@@ -288,6 +288,11 @@ def main(argv: list[str] | None = None) -> int:
     if "pair_loss" in parts:  # opt-in: the CPU exp clamp on moderate and sharp logits
         rows = [bench_pair_loss(2048, d, w, clamp) for d in (4, 10) for w in (5.0, 400.0) for clamp in (False, True)]
         _print("fused pair loss (forward with its gradient), normalised h, Λ̂ = λ·I, this process's torch threads", rows)
+    if "prefetch" in parts:  # opt-in: the batch prefetch thread, alone and beside another trial
+        from benchmarks.prefetch import bench_prefetch
+
+        _print("ms per step with and without drawing the next batch in a second thread (1 torch thread)",
+               bench_prefetch(20 if args.quick else 60))
     if "sampler" in parts:
         rows = [bench_sampler(d, lam) for d in (10, 20) for lam in (5.0, 25.0, 75.0)]
         _print("conditional sampler (threshold 0.1)", rows)

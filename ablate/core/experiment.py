@@ -19,6 +19,7 @@ from ablate.core import dgp, metrics
 from ablate.core.encoder import Encoder, init_encoder_
 from ablate.core.generator import build_generator
 from ablate.core.losses import ContrastiveLoss, build_loss, floor_loss
+from ablate.core.prefetch import Prefetcher
 
 __all__ = ["Experiment", "NonFiniteLossError", "build_loss", "generator_stats", "resolve_device"]
 
@@ -103,6 +104,8 @@ class Experiment:
         self.optimizer = torch.optim.Adam(groups)
         self.data_rng = torch.Generator(device=self.device).manual_seed(config.seed + _DATA_STREAM)
         self.step = 0
+        # a second thread only pays where it gets a core of its own; on a GPU the sampler is not the cost
+        self._prefetch = config.prefetch and self.device.type == "cpu"
         self._lambdas = [torch.tensor(lam, device=self.device, dtype=self.dtype) for lam in config.lambda_ensemble]
         neg = config.lambda_negative
         self._lambda_neg = None if neg is None else torch.tensor(neg, device=self.device, dtype=self.dtype)
@@ -166,6 +169,12 @@ class Experiment:
             return 0.5 * (1.0 + math.cos(math.pi * progress))
         return 1.0
 
+    def _training_batch(self, step: int) -> dict[str, Any]:
+        """The batch of training step ``step``, drawn from the data stream (it must be drawn in step order)."""
+        return self.sample_latents(
+            self.config.batch_size, self.data_rng, hard_negatives=self._hard_negatives_active(step)
+        )
+
     def train(self, n_steps: int) -> dict[str, float]:
         """Run ``n_steps`` optimisation steps; return the mean training loss and the step count.
 
@@ -174,19 +183,18 @@ class Experiment:
         """
         self.encoder.train()
         losses = torch.empty(n_steps, device=self.device, dtype=self.dtype)
-        for i in range(n_steps):
-            factor = self._lr_factor(self.step)
-            for group in self.optimizer.param_groups:
-                group["lr"] = group["base_lr"] * factor
-            latents = self.sample_latents(
-                self.config.batch_size, self.data_rng, hard_negatives=self._hard_negatives_active(self.step)
-            )
-            loss = self.compute_loss(latents)
-            self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            self.optimizer.step()
-            losses[i] = loss.detach()
-            self.step += 1
+        steps = range(self.step, self.step + n_steps)
+        with Prefetcher(self._training_batch, steps, enabled=self._prefetch) as batches:
+            for i, latents in enumerate(batches):
+                factor = self._lr_factor(self.step)
+                for group in self.optimizer.param_groups:
+                    group["lr"] = group["base_lr"] * factor
+                loss = self.compute_loss(latents)
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                self.optimizer.step()
+                losses[i] = loss.detach()
+                self.step += 1
         finite = torch.isfinite(losses)
         if not bool(finite.all()):
             bad = int((~finite).nonzero()[0, 0])
@@ -299,7 +307,7 @@ class Experiment:
 
 
 #: Fields that may differ between a checkpoint and the run loading it (budget, reporting, execution).
-_NON_SCIENCE_FIELDS = {"max_steps", "report_every", "target_r2", "device", "eval_samples"}
+_NON_SCIENCE_FIELDS = {"max_steps", "report_every", "target_r2", "device", "eval_samples", "prefetch"}
 #: Fields that older checkpoints hold and RunConfig no longer has.
 _RETIRED_FIELDS = {"fault"}
 
