@@ -124,3 +124,66 @@ def test_training_is_bit_identical_with_and_without_prefetch(settings):
         assert torch.equal(tensor, fetched["encoder"][name]), name
     for name, tensor in plain["loss"].items():
         assert torch.equal(tensor, fetched["loss"][name]), name
+
+
+def test_prefetch_switch_respects_the_config():
+    exp = Experiment(RunConfig(latent_dim=4, batch_size=8, max_steps=5, prefetch=False))
+    exp.prefetch = True
+    assert exp.prefetch is False
+    exp = Experiment(RunConfig(latent_dim=4, batch_size=8, max_steps=5, device="cpu"))
+    assert exp.prefetch is True
+    exp.prefetch = False
+    assert exp.prefetch is False
+
+
+# ------------------------------------------------------------------ the spare-core meter (Linux /proc/stat)
+
+from ablate.service.spare_cores import SpareCoreMeter, read_proc_stat  # noqa: E402
+
+
+def _write_stat(path, busy: int, idle: int, cores: int = 4) -> None:
+    # cpu  user nice system idle iowait irq softirq steal guest guest_nice
+    lines = [f"cpu  {busy} 0 0 {idle} 0 0 0 0 0 0"]
+    lines += [f"cpu{i} 0 0 0 0 0 0 0 0 0 0" for i in range(cores)]
+    path.write_text("\n".join(lines + ["intr 1 2 3", "ctxt 5"]) + "\n")
+
+
+def test_read_proc_stat_counts_busy_total_and_cores(tmp_path):
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  10 2 3 100 5 1 1 0 7 0\ncpu0 1 1 1 1 1 1 1 1 0 0\ncpu1 1 1 1 1 1 1 1 1 0 0\n")
+    assert read_proc_stat(stat) == (10 + 2 + 3 + 1 + 1, 10 + 2 + 3 + 100 + 5 + 1 + 1 + 0, 2)
+    assert read_proc_stat(tmp_path / "missing") is None
+
+
+def test_meter_subtracts_this_process_and_its_main_thread(tmp_path):
+    stat = tmp_path / "stat"
+    _write_stat(stat, busy=0, idle=0)
+    meter = SpareCoreMeter(stat)
+    time.sleep(1.1)  # this process sleeps: its own CPU time is ~0
+    # over the interval the machine's 4 cores were busy 25 % of the time: one core's worth, all by others
+    _write_stat(stat, busy=100, idle=300)
+    spare = meter.spare()
+    assert spare == pytest.approx(4 - 1 - 1, abs=0.05)
+    assert meter.spare() is None  # too soon after the previous reading
+
+
+def test_meter_without_proc_stat_says_unknown(tmp_path):
+    meter = SpareCoreMeter(tmp_path / "missing")
+    time.sleep(1.1)
+    assert meter.spare() is None
+
+
+def test_trainable_switches_prefetch_by_the_spare_cores(monkeypatch):
+    from ablate import load_grid
+    from ablate.service.trainable import AblateTrainable
+
+    grid = load_grid("batch_vs_dim", "smoke")
+    params = {"grid": "batch_vs_dim", **grid.base, "max_steps": 30, "batch_size": 16, "latent_dim": 3, "seed": 0}
+    trial = AblateTrainable(config=params)
+    try:
+        for spare, expected in ((1.0, True), (0.1, False), (None, False), (0.6, True)):
+            monkeypatch.setattr(trial._spare_cores, "spare", lambda spare=spare: spare)
+            result = trial.train()
+            assert result["prefetch"] is expected and trial.experiment.prefetch is expected
+    finally:
+        trial.stop()

@@ -104,8 +104,7 @@ class Experiment:
         self.optimizer = torch.optim.Adam(groups)
         self.data_rng = torch.Generator(device=self.device).manual_seed(config.seed + _DATA_STREAM)
         self.step = 0
-        # a second thread only pays where it gets a core of its own; on a GPU the sampler is not the cost
-        self._prefetch = config.prefetch and self.device.type == "cpu"
+        self.prefetch = True
         self._lambdas = [torch.tensor(lam, device=self.device, dtype=self.dtype) for lam in config.lambda_ensemble]
         neg = config.lambda_negative
         self._lambda_neg = None if neg is None else torch.tensor(neg, device=self.device, dtype=self.dtype)
@@ -168,6 +167,20 @@ class Experiment:
             progress = min((step - cfg.warmup_steps) / span, 1.0)
             return 0.5 * (1.0 + math.cos(math.pi * progress))
         return 1.0
+
+    @property
+    def prefetch(self) -> bool:
+        """Whether :meth:`train` draws the next batch in a second thread while a step runs.
+
+        It never changes the numbers, only the time: it pays where the thread gets an idle core, and costs where
+        every core is busy (a Ray trial switches it with `ablate.service.spare_cores`). Setting it True takes
+        effect only on the CPU and when ``config.prefetch`` allows it (on a GPU the sampler is not the cost).
+        """
+        return self._prefetch
+
+    @prefetch.setter
+    def prefetch(self, enabled: bool) -> None:
+        self._prefetch = bool(enabled) and self.config.prefetch and self.device.type == "cpu"
 
     def _training_batch(self, step: int) -> dict[str, Any]:
         """The batch of training step ``step``, drawn from the data stream (it must be drawn in step order)."""

@@ -21,6 +21,7 @@ from ablate import ray_compat
 from ablate.core.experiment import Experiment
 from ablate.rundir import atomic_write
 from ablate.service.grids import config_from_params, flat_params
+from ablate.service.spare_cores import SpareCoreMeter
 
 __all__ = ["AblateTrainable", "CHECKPOINT_FILE", "FaultSpec", "InjectedFault", "load_state", "write_checkpoint"]
 
@@ -29,6 +30,8 @@ _log = logging.getLogger("ablate.service.trainable")
 CHECKPOINT_FILE = "state.pt"
 CONFIG_FILE = "config.json"
 _FAULT_COUNTER = "ablate_faults_fired"
+#: Idle cores (beyond the trial's own) that switch its batch prefetch thread on for the next report period.
+_SPARE_CORES_FOR_PREFETCH = 0.5
 
 
 class InjectedFault(RuntimeError):
@@ -78,6 +81,7 @@ class AblateTrainable(tune.Trainable):
             logging.getLogger(name).setLevel(logging.WARNING)
         ray_compat.quiet_exit_on_sigterm()
         self._use_assigned_cpus()
+        self._spare_cores = SpareCoreMeter()
         self._build(config)
 
     def _build(self, config: dict[str, Any]) -> None:
@@ -103,7 +107,11 @@ class AblateTrainable(tune.Trainable):
         cfg = self.run_config
         n = min(cfg.report_every, cfg.max_steps - self.experiment.step)
         self._maybe_inject_fault(n)
+        spare = self._spare_cores.spare()
+        # the prefetch thread only where it gets an idle core (same numbers either way; see spare_cores.py)
+        self.experiment.prefetch = spare is not None and spare >= _SPARE_CORES_FOR_PREFETCH
         result = self.experiment.train(n)
+        result["prefetch"] = self.experiment.prefetch
         result.update(self.experiment.evaluate())
         self.latest_r2 = result["r2"]
         reached = cfg.target_r2 is not None and result["r2"] >= cfg.target_r2
