@@ -17,7 +17,14 @@ import pytest
 
 from ablate.service.grids import load_grid
 from ablate.service.runner import RunError, run_grid
-from ablate.service.snapshots import BACKUP_DIR, DISCARDED_DIR, choose_snapshot, file_problem, sessions
+from ablate.service.snapshots import (
+    BACKUP_DIR,
+    DISCARDED_DIR,
+    TUNER_FILE,
+    choose_snapshot,
+    file_problem,
+    sessions,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -115,6 +122,38 @@ def test_torn_only_session_resumes_from_ablates_backup(ray_session, finished_run
     assert outcome.set_aside  # the torn files were moved aside, not deleted
     assert len(list(run_dir.glob("trial_*"))) == 4, "no new trial was started"
     assert _final_r2(run_dir) == before
+
+
+def test_every_backup_keeps_a_complete_tuner(finished_run):
+    generations = sorted((finished_run / BACKUP_DIR).iterdir())
+    assert generations
+    for generation in generations:
+        assert file_problem(generation / TUNER_FILE, "pickle") is None, generation
+
+
+@pytest.mark.parametrize("keep", [0, 300])  # empty (killed as the copy opened it) and cut mid-stream
+def test_torn_tuner_is_put_back_from_ablates_backup(ray_session, finished_run, tmp_path, keep):
+    """After a resume Ray copies tuner.pkl back at every snapshot; a kill then can tear it (seen in CI)."""
+    run_dir = _copy(finished_run, tmp_path)
+    whole = (run_dir / TUNER_FILE).read_bytes()
+    _truncate(run_dir / TUNER_FILE, keep)
+    before = _final_r2(run_dir)
+    outcome = run_grid(_grid(), storage=str(tmp_path), name="r", verbose=0, resume=True)
+    assert len(outcome.trials) == 4 and not outcome.failed
+    assert "tuner.pkl" in outcome.set_aside
+    assert (run_dir / DISCARDED_DIR / TUNER_FILE).read_bytes() == whole[:keep]  # set aside, not deleted
+    assert file_problem(run_dir / TUNER_FILE, "pickle") is None
+    assert len(list(run_dir.glob("trial_*"))) == 4, "no new trial was started"
+    assert _final_r2(run_dir) == before
+
+
+def test_torn_tuner_without_a_backup_is_a_clear_error(ray_session, finished_run, tmp_path):
+    run_dir = _copy(finished_run, tmp_path)
+    shutil.rmtree(run_dir / BACKUP_DIR)
+    _truncate(run_dir / TUNER_FILE, 0)
+    with pytest.raises(RunError, match="tuner.pkl: empty, and .ablate_snapshot/ holds no complete copy"):
+        run_grid(_grid(), storage=str(tmp_path), name="r", verbose=0, resume=True)
+    assert len(list(run_dir.glob("trial_*"))) == 4
 
 
 def test_no_complete_snapshot_is_a_clear_error_before_ray_runs_anything(ray_session, finished_run, tmp_path):

@@ -14,6 +14,11 @@ sessions into ``.ablate_discarded/`` (nothing is deleted), so Ray resumes from t
 snapshot. Completeness is checked by parsing: JSON with :func:`json.loads`, pickles by walking their
 opcodes with :mod:`pickletools` (which executes nothing).
 
+Ray's ``tuner.pkl`` (the Tuner itself, written once when the run starts) is copied the same way after a
+resume: restoring downloads every ``.json``/``.pkl`` of the run directory into the staging folder, and every
+later snapshot copies them back, so a kill can tear it too. It never changes during a run, so any complete
+copy will do: :func:`save_backup` keeps one with each generation, and :func:`choose_snapshot` puts it back.
+
 A torn *only* session (the first driver killed mid-copy) leaves nothing older to fall back to, so the
 runner also keeps its own copy: :func:`save_backup` copies the staging folder's newest session, which Ray
 has just written in full, into ``.ablate_snapshot/<generation>/`` (a folder renamed into place, so it is
@@ -36,6 +41,7 @@ from ablate.rundir import atomic_write
 __all__ = [
     "BACKUP_DIR",
     "DISCARDED_DIR",
+    "TUNER_FILE",
     "SnapshotChoice",
     "SnapshotError",
     "choose_snapshot",
@@ -47,6 +53,8 @@ __all__ = [
 
 DISCARDED_DIR = ".ablate_discarded"
 BACKUP_DIR = ".ablate_snapshot"
+#: Ray's pickled Tuner in the run directory (`Tuner.restore` reads it first).
+TUNER_FILE = "tuner.pkl"
 _KEEP_BACKUPS = 2
 _EXPERIMENT = EXPERIMENT_STATE_RE
 # per-session files (Ray's names, see ablate.ray_compat): name template -> how the file is encoded
@@ -138,6 +146,11 @@ def save_backup(staging_dir: str | Path, run_dir: str | Path) -> Path | None:
     for path in files:
         if path.exists():
             shutil.copy2(path, tmp / path.name)
+    # after a resume the staging folder holds the Tuner too; in a fresh run only the run directory does
+    tuner = [p for p in (staging_dir / TUNER_FILE, Path(run_dir) / TUNER_FILE) if p.exists()]
+    complete = [p for p in tuner if file_problem(p, "pickle") is None]
+    if complete:
+        shutil.copy2(complete[0], tmp / TUNER_FILE)
     final = root / f"{time.time_ns():020d}"
     os.rename(tmp, final)
     for old in sorted(p for p in root.iterdir() if p.name.isdigit())[:-_KEEP_BACKUPS]:
@@ -176,13 +189,41 @@ def choose_snapshot(run_dir: str | Path) -> SnapshotChoice:
                 torn[session] = problems
             continue
         choice = SnapshotChoice(session, from_backup=folder != run_dir)
+        tuner_problem = _tuner_problem(run_dir)
         for newer, why in torn.items():
             choice.discarded.update(_set_aside(run_dir, newer, "; ".join(why)))
         if choice.from_backup:
             _put_back(folder, run_dir, session)
+        if tuner_problem:
+            choice.discarded.update(_mend_tuner(run_dir, tuner_problem))
         return choice
     detail = "; ".join(p for problems in torn.values() for p in problems)
     raise SnapshotError(f"{run_dir}: every experiment snapshot is damaged, so it cannot be resumed ({detail})")
+
+
+def _tuner_problem(run_dir: Path) -> str | None:
+    path = run_dir / TUNER_FILE
+    return f"{TUNER_FILE}: missing" if not path.exists() else _prefixed(file_problem(path, "pickle"))
+
+
+def _prefixed(problem: str | None) -> str | None:
+    return None if problem is None else f"{TUNER_FILE}: {problem}"
+
+
+def _mend_tuner(run_dir: Path, problem: str) -> dict[str, str]:
+    """Put back the newest complete backup of ``tuner.pkl``, the torn one set aside; raise if there is none."""
+    for backup in _backups(run_dir):
+        source = backup / TUNER_FILE
+        if source.exists() and file_problem(source, "pickle") is None:
+            moved = {}
+            path = run_dir / TUNER_FILE
+            if path.exists():
+                (run_dir / DISCARDED_DIR).mkdir(exist_ok=True)
+                shutil.move(str(path), run_dir / DISCARDED_DIR / TUNER_FILE)
+                moved[TUNER_FILE] = problem
+            atomic_write(path, lambda tmp, src=source: shutil.copy2(src, tmp))
+            return moved
+    raise SnapshotError(f"{run_dir}: {problem}, and {BACKUP_DIR}/ holds no complete copy, so it cannot be resumed")
 
 
 def _put_back(backup: Path, run_dir: Path, session: str) -> None:
