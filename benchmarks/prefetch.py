@@ -54,13 +54,12 @@ def _ms_per_step(settings: dict, prefetch: bool, steps: int) -> float:
     return (time.perf_counter() - t) / steps * 1e3
 
 
-def _batch_share(settings: dict, steps: int) -> float:
+def _draw_ms(settings: dict, steps: int) -> float:
     exp = _experiment(settings, prefetch=False)
     t = time.perf_counter()
     for step in range(exp.step, exp.step + steps):
         exp._training_batch(step)
-    drawing = time.perf_counter() - t
-    return drawing / steps * 1e3
+    return (time.perf_counter() - t) / steps * 1e3
 
 
 def bench_prefetch(steps: int = 60) -> list[dict]:
@@ -70,7 +69,7 @@ def bench_prefetch(steps: int = 60) -> list[dict]:
     rows = []
     try:
         for name, settings in SETTINGS:
-            row: dict = {"setting": name, "draw_ms": _batch_share(settings, steps)}
+            row: dict = {"setting": name, "draw_ms": _draw_ms(settings, steps)}
             row["alone_off_ms"] = _ms_per_step(settings, False, steps)
             row["alone_on_ms"] = _ms_per_step(settings, True, steps)
             competitor = subprocess.Popen([sys.executable, "-c", _COMPETITOR])

@@ -147,10 +147,10 @@ def save_backup(staging_dir: str | Path, run_dir: str | Path) -> Path | None:
         if path.exists():
             shutil.copy2(path, tmp / path.name)
     # after a resume the staging folder holds the Tuner too; in a fresh run only the run directory does
-    tuner = [p for p in (staging_dir / TUNER_FILE, Path(run_dir) / TUNER_FILE) if p.exists()]
-    complete = [p for p in tuner if file_problem(p, "pickle") is None]
-    if complete:
-        shutil.copy2(complete[0], tmp / TUNER_FILE)
+    candidates = (staging_dir / TUNER_FILE, Path(run_dir) / TUNER_FILE)
+    tuner = next((p for p in candidates if p.exists() and file_problem(p, "pickle") is None), None)
+    if tuner is not None:
+        shutil.copy2(tuner, tmp / TUNER_FILE)
     final = root / f"{time.time_ns():020d}"
     os.rename(tmp, final)
     for old in sorted(p for p in root.iterdir() if p.name.isdigit())[:-_KEEP_BACKUPS]:
@@ -203,10 +203,7 @@ def choose_snapshot(run_dir: str | Path) -> SnapshotChoice:
 
 def _tuner_problem(run_dir: Path) -> str | None:
     path = run_dir / TUNER_FILE
-    return f"{TUNER_FILE}: missing" if not path.exists() else _prefixed(file_problem(path, "pickle"))
-
-
-def _prefixed(problem: str | None) -> str | None:
+    problem = file_problem(path, "pickle") if path.exists() else "missing"
     return None if problem is None else f"{TUNER_FILE}: {problem}"
 
 
@@ -215,13 +212,8 @@ def _mend_tuner(run_dir: Path, problem: str) -> dict[str, str]:
     for backup in _backups(run_dir):
         source = backup / TUNER_FILE
         if source.exists() and file_problem(source, "pickle") is None:
-            moved = {}
-            path = run_dir / TUNER_FILE
-            if path.exists():
-                (run_dir / DISCARDED_DIR).mkdir(exist_ok=True)
-                shutil.move(str(path), run_dir / DISCARDED_DIR / TUNER_FILE)
-                moved[TUNER_FILE] = problem
-            atomic_write(path, lambda tmp, src=source: shutil.copy2(src, tmp))
+            moved = _move_aside(run_dir / TUNER_FILE, problem)
+            _copy_in(source, run_dir)
             return moved
     raise SnapshotError(f"{run_dir}: {problem}, and {BACKUP_DIR}/ holds no complete copy, so it cannot be resumed")
 
@@ -230,16 +222,26 @@ def _put_back(backup: Path, run_dir: Path, session: str) -> None:
     for template in _SESSION_FILES:
         source = backup / template.format(session)
         if source.exists():
-            atomic_write(run_dir / source.name, lambda tmp, src=source: shutil.copy2(src, tmp))
+            _copy_in(source, run_dir)
 
 
 def _set_aside(run_dir: Path, session: str, why: str) -> dict[str, str]:
-    target = run_dir / DISCARDED_DIR
-    moved = {}
+    moved: dict[str, str] = {}
     for template in _SESSION_FILES:
-        path = run_dir / template.format(session)
-        if path.exists():
-            target.mkdir(exist_ok=True)
-            shutil.move(str(path), target / path.name)
-            moved[path.name] = why
+        moved.update(_move_aside(run_dir / template.format(session), why))
     return moved
+
+
+def _copy_in(source: Path, run_dir: Path) -> None:
+    """Copy a backed-up file into ``run_dir`` under its own name, atomically."""
+    atomic_write(run_dir / source.name, lambda tmp: shutil.copy2(source, tmp))
+
+
+def _move_aside(path: Path, why: str) -> dict[str, str]:
+    """Move ``path`` (if it exists) into the run directory's ``.ablate_discarded/``; return {name: why}."""
+    if not path.exists():
+        return {}
+    target = path.parent / DISCARDED_DIR
+    target.mkdir(exist_ok=True)
+    shutil.move(str(path), target / path.name)
+    return {path.name: why}
