@@ -160,11 +160,12 @@ _RUNS: dict[str, Path] = {}
 
 
 def smoke_run(name: str, root: Path) -> Path:
-    """Run a grid at smoke scale once per test session through `ablate run … --report` (in-process)."""
+    """Run a grid at smoke scale once per test session through `ablate run … --report` (in-process, with Ray's
+    live progress table, whose end-of-run "best trial" line once crashed search grids)."""
     if name not in _RUNS:
         from ablate import cli
 
-        code = cli.main(["run", name, "--scale", "smoke", "--storage", str(root), "--verbose", "0", "--report"])
+        code = cli.main(["run", name, "--scale", "smoke", "--storage", str(root), "--report"])
         run_dir = root / f"{name}-smoke"
         assert code == 0, f"smoke run of {name} failed (exit {code})"
         _RUNS[name] = run_dir

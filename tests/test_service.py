@@ -9,10 +9,11 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pytest
-from conftest import run_logged, smoke_cmd
+from conftest import run_logged, runs_root, smoke_cmd, smoke_run
 
 from ablate import cli
 from ablate.service.grids import GridError, known_grids, load_grid, n_reports
@@ -28,12 +29,12 @@ def _rows(trial_dir: Path) -> list[dict]:
 
 
 @pytest.mark.parametrize("name", sorted(known_grids()))
-def test_every_grid_runs_at_smoke_scale(name, ray_session, tmp_path):
+def test_every_grid_runs_through_the_cli_at_smoke_scale(name, ray_session, tmp_path_factory):
+    """Every shipped grid, search grids included, through `ablate run` with its live progress table (the run is
+    shared with test_report's checks of the same grid: the smoke matrix runs once per session)."""
     grid = load_grid(name, "smoke")
-    outcome = run_grid(grid, storage=str(tmp_path), verbose=0)
-    assert not outcome.failed, [t.error for t in outcome.failed]
-    assert len(outcome.trials) == grid.n_trials
-    trial_dirs = sorted(p for p in outcome.run_dir.glob("trial_*") if p.is_dir())
+    run_dir = smoke_run(name, runs_root(tmp_path_factory))  # asserts exit code 0
+    trial_dirs = sorted(p for p in run_dir.glob("trial_*") if p.is_dir())
     assert len(trial_dirs) == grid.n_trials
     for trial_dir in trial_dirs:
         rows = _rows(trial_dir)
@@ -52,8 +53,11 @@ def test_every_grid_runs_at_smoke_scale(name, ray_session, tmp_path):
         assert all(0.0 <= r["mcc"] <= 1.0 + 1e-6 for r in rows), [r["mcc"] for r in rows]
         assert list(trial_dir.glob(f"checkpoint_*/{CHECKPOINT_FILE}")), "a checkpoint was written"
     if grid.search == "optuna":
-        best = json.loads((outcome.run_dir / "best_config.json").read_text())
+        best = json.loads((run_dir / "best_config.json").read_text())
         assert set(best["config"]) <= set(grid.optuna["space"])
+        assert all(
+            best["config"][k] in grid.optuna["space"][k].get("choice", [best["config"][k]]) for k in best["config"]
+        )
 
 
 def test_trainable_save_restore_round_trip(tmp_path):
@@ -264,7 +268,11 @@ def test_an_optuna_grid_stores_its_study_in_sqlite_that_optuna_can_open(ray_sess
     from ablate.service.runner import OPTUNA_DB, optuna_storage_url
 
     grid = load_grid("tune_aninfonce", "smoke")
-    outcome = run_grid(grid, storage=str(tmp_path), name="study", verbose=0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        outcome = run_grid(grid, storage=str(tmp_path), name="study", verbose=0)
+    # Optuna persists only scalar choices: the encoder widths travel as their JSON text, with no warning
+    assert not [w for w in caught if "categorical distribution" in str(w.message)], [str(w.message) for w in caught]
     assert (outcome.run_dir / OPTUNA_DB).is_file()
     study = optuna.load_study(study_name=grid.name, storage=optuna_storage_url(outcome.run_dir))
     finished = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
@@ -273,6 +281,12 @@ def test_an_optuna_grid_stores_its_study_in_sqlite_that_optuna_can_open(ray_sess
     last_r2 = sorted(round(t.last["r2"], 9) for t in outcome.trials)
     assert sorted(round(t.value, 9) for t in finished) == last_r2
     assert all(set(t.params) == set(grid.optuna["space"]) for t in finished)
+    widths = {json.dumps(w, separators=(",", ":")) for w in grid.optuna["space"]["encoder_widths"]["choice"]}
+    assert {t.params["encoder_widths"] for t in finished} <= widths
+    # each Ray trial trained the list its study trial holds as text
+    by_value = {round(t.value, 9): json.loads(t.params["encoder_widths"]) for t in finished}
+    for trial in outcome.trials:
+        assert trial.params["encoder_widths"] == by_value[round(trial.last["r2"], 9)]
     # a resume of the finished search reopens the same study instead of starting another one
     run_grid(grid, storage=str(tmp_path), name="study", verbose=0, resume=True)
     again = optuna.load_study(study_name=grid.name, storage=optuna_storage_url(outcome.run_dir))

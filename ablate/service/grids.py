@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,7 +60,11 @@ DEFAULT_SCALE = "laptop"
 
 #: Keys of a trial's param dict that are not RunConfig fields (``fault``: the Trainable's test-only fault hook,
 #: see ablate.service.trainable.FaultSpec; set from Python, never from a grid file).
-META_KEYS = ("grid", "scale", "variant", "point", "fault")
+#: Param key listing the Optuna choices whose values are lists or mappings. Optuna stores only None, bool,
+#: int, float and str choices, so such a value travels as its JSON text (what optuna.db and optuna-dashboard
+#: show, e.g. ``[10,50,10]``); :func:`flat_params` turns it back into the value.
+JSON_CHOICES = "json_choices"
+META_KEYS = ("grid", "scale", "variant", "point", "fault", JSON_CHOICES)
 
 
 class GridError(ValueError):
@@ -210,8 +215,13 @@ class Grid:
         space.update(self.stop)
         if self.search == "optuna":
             space["seed"] = self.seeds[0]
+            encoded = []
             for key, dist in self.optuna["space"].items():
-                space[key] = _ray_distribution(key, dist)
+                space[key], as_json = _ray_distribution(dist)
+                if as_json:
+                    encoded.append(key)
+            if encoded:
+                space[JSON_CHOICES] = encoded
             return space
         # One grid_search over whole grid points, costliest first: Ray keeps the order of a single axis, while
         # several axes are nested in the alphabetical order of their names (batch_size, the costliest, fastest)
@@ -252,25 +262,31 @@ def costliest_first(configs: list[RunConfig]) -> list[int]:
     return sorted(range(len(configs)), key=lambda i: -trial_cost(configs[i]))
 
 
-def _ray_distribution(key: str, dist: dict[str, Any]):
+def _ray_distribution(dist: dict[str, Any]):
+    """Ray's search domain for one Optuna dimension, and whether its choices travel as JSON text."""
     from ray import tune
 
     ((kind, args),) = dist.items()
     if kind == "uniform":
-        return tune.uniform(*args)
+        return tune.uniform(*args), False
     if kind == "loguniform":
-        return tune.loguniform(*args)
+        return tune.loguniform(*args), False
     if kind == "randint":
-        return tune.randint(args[0], args[1] + 1)
-    return tune.choice(list(args))
+        return tune.randint(args[0], args[1] + 1), False
+    if any(isinstance(v, list | dict) for v in args):
+        return tune.choice([json.dumps(v, separators=(",", ":")) for v in args]), True
+    return tune.choice(list(args)), False
 
 
 def flat_params(config: dict[str, Any]) -> dict[str, Any]:
-    """A trial's settings with its grid point's values (axes, variant, seed) at the top level, as in params.json."""
+    """A trial's settings with its grid point's values (axes, variant, seed) at the top level, as in params.json;
+    Optuna choices that travelled as JSON text (:data:`JSON_CHOICES`) are values again."""
     point = config.get("point")
-    if not isinstance(point, dict):
-        return dict(config)
-    return {**{k: v for k, v in config.items() if k != "point"}, **point}
+    flat = {**{k: v for k, v in config.items() if k != "point"}, **point} if isinstance(point, dict) else dict(config)
+    for key in flat.pop(JSON_CHOICES, None) or []:
+        if isinstance(flat.get(key), str):
+            flat[key] = json.loads(flat[key])
+    return flat
 
 
 def config_from_params(params: dict[str, Any], source: str = "trial") -> RunConfig:

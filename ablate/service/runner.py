@@ -185,10 +185,13 @@ def _callbacks(tensorboard: bool, local: bool) -> list:
 def _reporter(grid: Grid):
     from ray.tune import CLIReporter
 
-    params = {f"point/{k}": k for k in grid.axis_names()}  # grid points travel whole (Grid.param_space)
-    if "point/variant" in params:
-        params["point/variant/name"] = "variant"
-        del params["point/variant"]
+    if grid.search == "optuna":  # the searched settings and the seed sit at the top of a suggested config
+        params = {k: k for k in [*grid.optuna["space"], "seed"]}
+    else:  # grid points travel whole (Grid.param_space)
+        params = {f"point/{k}": k for k in grid.axis_names()}
+        if "point/variant" in params:
+            params["point/variant/name"] = "variant"
+            del params["point/variant"]
     return CLIReporter(
         metric_columns={m: m for m in PROGRESS_METRICS},
         parameter_columns=params,

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from ablate.rundir import BEST_CONFIG_FILE, RESULT_FILE, TRIAL_PREFIX, is_remote, optuna_storage_url
-from ablate.service.grids import Grid, n_reports
+from ablate.service.grids import Grid, flat_params, n_reports
 
 __all__ = ["save_best", "trial_dirname", "tune_config"]
 
@@ -122,7 +122,7 @@ def save_best(results, grid: Grid, run_dir: str) -> dict[str, Any] | None:
         "metric": opt["metric"],
         "mode": opt["mode"],
         "value": best.metrics.get(opt["metric"]),
-        "config": {k: best.config[k] for k in opt["space"] if k in best.config},
+        "config": {k: v for k, v in flat_params(best.config).items() if k in opt["space"]},
         "steps": best.metrics.get("step"),
         "trial_id": best.metrics.get("trial_id"),
         "ranked_by": ranked_by,
