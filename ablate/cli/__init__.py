@@ -217,9 +217,20 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--gpus-per-trial", type=float, default=0, help="fractions pack trials onto one GPU")
     r.add_argument("--max-concurrent", type=int, help="cap on trials running at once")
     r.add_argument("--resume", action="store_true", help="continue an interrupted run")
+    r.add_argument(
+        "--trust-run-dir",
+        action="store_true",
+        help="resume a run ablate did not sign with your key (one copied from elsewhere): its pickled files run code",
+    )
     r.add_argument("--keep-checkpoints", type=int, default=2)
     r.add_argument("--max-failures", type=int, default=2, help="retries of a failed trial from its checkpoint")
     r.add_argument("--tensorboard", action="store_true", help="also write TensorBoard event files")
+    r.add_argument(
+        "--no-dashboard",
+        dest="dashboard",
+        action="store_false",
+        help="start the local Ray without its web dashboard (headless machines, a Ray without the dashboard's packages)",
+    )
     r.add_argument("--verbose", type=int, default=1, choices=[0, 1, 2, 3])
     r.add_argument("--report", dest="report", action="store_true", default=True, help=argparse.SUPPRESS)
     r.add_argument(

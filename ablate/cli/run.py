@@ -49,11 +49,15 @@ def resume_command(args: argparse.Namespace, run_dir: str | None = None, grids: 
     words += ["--storage", storage]
     if name and len(names) == 1:
         words += ["--name", name]
+    if getattr(args, "dashboard", True) is False:
+        words.append("--no-dashboard")
     for flag in ("address", "cpus_per_trial", "gpus_per_trial", "max_concurrent"):
         value = getattr(args, flag, None)
         default = {"cpus_per_trial": 1, "gpus_per_trial": 0}.get(flag)
         if value is not None and value != default:
             words += [f"--{flag.replace('_', '-')}", f"{value:g}" if isinstance(value, float) else str(value)]
+    if is_remote(storage):  # ablate cannot sign a run on remote storage; resuming it trusts the bucket
+        words.append("--trust-run-dir")
     return shlex.join([*words, "--resume"])
 
 
@@ -116,7 +120,10 @@ def _run_one(args: argparse.Namespace, grid) -> int:
     def announce(run_dir: str, url: str | None) -> None:
         print(f"run: {run_dir}")
         print(f"grid: {grid.name} at scale {grid.scale}: {grid.n_trials} trials")
-        print(f"dashboard: {url or 'not available'}  ({auth_hint()})", flush=True)
+        if not getattr(args, "dashboard", True) and not args.address:
+            print("dashboard: off (--no-dashboard)", flush=True)
+        else:
+            print(f"dashboard: {url or 'not available'}  ({auth_hint()})", flush=True)
 
     try:
         outcome = run_grid(
@@ -128,9 +135,11 @@ def _run_one(args: argparse.Namespace, grid) -> int:
             gpus_per_trial=args.gpus_per_trial,
             max_concurrent=args.max_concurrent,
             resume=args.resume,
+            trust_run_dir=getattr(args, "trust_run_dir", False),
             keep_checkpoints=args.keep_checkpoints,
             max_failures=args.max_failures,
             tensorboard=args.tensorboard,
+            dashboard=getattr(args, "dashboard", True),
             verbose=args.verbose,
             on_start=announce,
         )

@@ -227,13 +227,19 @@ def run_grid(
     max_failures: int = 2,
     tensorboard: bool = False,
     num_cpus: int | None = None,
+    dashboard: bool = True,
     verbose: int = 1,
     on_start=None,
+    trust_run_dir: bool = False,
 ) -> RunOutcome:
     """Run ``grid`` through Ray Tune (or resume it) and return each trial's end state.
 
     Everything is validated before Ray starts: the grid, the sampler's acceptance, the storage.
-    ``on_start(run_dir, dashboard_url)`` is called once Ray is up (the CLI prints it).
+    ``on_start(run_dir, dashboard_url)`` is called once Ray is up (the CLI prints it). ``dashboard=False``
+    starts a local Ray without its web dashboard (a headless machine, or a Ray installed without the dashboard's
+    packages); joining a cluster (``address``) leaves the cluster's dashboard as it is.
+    A resume unpickles only files ablate signed (:mod:`ablate.service.trust`); ``trust_run_dir`` vouches for
+    a run directory copied from elsewhere (its files are signed instead of checked).
     """
     run_name = name or default_run_name(grid)
     run_dir = resolve_run_dir(storage, run_name)
@@ -270,7 +276,7 @@ def run_grid(
 
     if not resume:
         write_marker(run_dir, _marker(grid))
-    ray_info = init_ray(address, num_cpus=num_cpus)
+    ray_info = init_ray(address, num_cpus=num_cpus, dashboard=dashboard)
     if on_start is not None:
         on_start(run_dir, ray_info["dashboard_url"])
 
