@@ -203,6 +203,7 @@ def bench_reference_curve(seed: int, steps: int = 10_000, every: int = 1000, sha
     """The reference setting (RunConfig defaults: d = 10, Λ = 5/25, batch 1000, lr 1e-4, lr_lambda 1e-3, the
     10-50-50-50-50-10 encoder, the papers' g) trained ``steps`` steps: R², loss and sorted Λ̂ every ``every``.
     A new g per seed (as the reference code draws one per run) unless ``shared_g``."""
+    from ablate.columns import r2_block_column
     from ablate.config import RunConfig
     from ablate.core.experiment import Experiment
 
@@ -213,7 +214,7 @@ def bench_reference_curve(seed: int, steps: int = 10_000, every: int = 1000, sha
         ev = exp.evaluate()
         lam = sorted(exp.lambda_hat().tolist())
         rows.append({"seed": seed, "step": exp.step, "seconds": time.perf_counter() - started, "loss": m["loss"],
-                     "r2": ev["r2"], "r2_lambda_5": ev["r2_lambda_5"], "r2_lambda_25": ev["r2_lambda_25"],
+                     "r2": ev["r2"], **{c: ev[c] for c in (r2_block_column(5), r2_block_column(25))},
                      "lambda_hat_low": sum(lam[:5]) / 5, "lambda_hat_high": sum(lam[5:]) / 5,
                      "lambda_hat": " ".join(f"{v:.2f}" for v in lam)})
         print(f"  seed {seed} step {exp.step}: r2 {ev['r2']:.4f} loss {m['loss']:.4f} Λ̂ [{rows[-1]['lambda_hat']}]",

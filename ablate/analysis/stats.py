@@ -17,6 +17,7 @@ import pandas as pd
 from scipy.stats import spearmanr
 
 from ablate.analysis.run import RunContext, final_rows
+from ablate.columns import r2_block_column
 from ablate.core.metrics import iterations_to_target
 
 __all__ = [
@@ -92,7 +93,7 @@ def block_r2(df: pd.DataFrame, ctx: RunContext) -> pd.DataFrame:
             continue
         lam = cfg.lambda_true
         for block, value in (("first", lam[0]), ("last", lam[-1])):
-            col = f"r2_lambda_{value:g}"
+            col = r2_block_column(value)
             if col not in fin.columns or pd.isna(r[col]):
                 continue
             rows.append(

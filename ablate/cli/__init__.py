@@ -11,6 +11,7 @@ from typing import Any
 from ablate.analysis.text import generator_line, lambda_hat_line
 from ablate.analysis.text import text_table as _table
 from ablate.cli.run import cmd_run, resume_command
+from ablate.columns import r2_block_lambda
 from ablate.config import ConfigError, RunConfig, parse_assignments
 
 __all__ = ["main"]
@@ -39,7 +40,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         n = min(config.report_every, steps - exp.step)
         m = exp.train(n)
         m.update(exp.evaluate())
-        blocks = " ".join(f"{k}={v:.3f}" for k, v in m.items() if k.startswith("r2_lambda_"))
+        blocks = " ".join(f"{k}={v:.3f}" for k, v in m.items() if r2_block_lambda(k) is not None)
         print(
             f"step={m['step']} loss={m['loss']:.4f} r2={m['r2']:.4f} {blocks} mcc={m['mcc']:.3f} "
             f"elapsed={time.time() - started:.1f}s",

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ablate.columns import lambda_hat_column, r2_block_column, r2_dim_column
 from ablate.config import RunConfig
 from ablate.core import dgp, metrics
 from ablate.core.encoder import Encoder, init_encoder_
@@ -245,9 +246,9 @@ class Experiment:
         r2 = metrics.linear_r2(h_fit, z_fit, h_eval, z_eval)
         out["r2"] = r2["r2"]
         for i, v in enumerate(r2["r2_per_dim"]):
-            out[f"r2_dim_{i}"] = v
+            out[r2_dim_column(i)] = v
         for lam, v in metrics.r2_per_block(r2["r2_per_dim"], cfg.lambda_true).items():
-            out[f"r2_lambda_{lam:g}"] = v
+            out[r2_block_column(lam)] = v
         matching = metrics.match_dimensions(h_eval, z_eval)
         out["mcc"] = metrics.mcc(h_eval, z_eval, matching)
 
@@ -265,9 +266,9 @@ class Experiment:
         if lam_hat is not None:
             flat = lam_hat.reshape(-1, d)
             for k, row in enumerate(flat):
-                prefix = "lambda_hat_" if flat.shape[0] == 1 else f"lambda_hat_{k}_"
+                member = None if flat.shape[0] == 1 else k
                 for i, v in enumerate(row.tolist()):
-                    out[f"{prefix}{i}"] = v
+                    out[lambda_hat_column(i, member)] = v
             if cfg.loss != "tricl":
                 truth = cfg.lambda_optimum
                 rec = metrics.lambda_recovery(flat[0], truth)

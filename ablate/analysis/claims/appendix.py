@@ -5,7 +5,6 @@ from __future__ import annotations
 import pandas as pd
 
 from ablate.analysis.claims.base import (
-    _R2_BLOCK,
     Check,
     ClaimResult,
     _not_measured,
@@ -13,6 +12,7 @@ from ablate.analysis.claims.base import (
 )
 from ablate.analysis.run import RunContext, final_rows
 from ablate.analysis.stats import fixed_lambda_losses, fmt_ms
+from ablate.columns import r2_block_lambda
 
 
 # --------------------------------------------------------------------------- claim 6: Fig. 10A/B
@@ -123,7 +123,7 @@ def claim_ensemble(df: pd.DataFrame, ctx: RunContext) -> ClaimResult:
 def claim_tricl(df: pd.DataFrame, ctx: RunContext) -> ClaimResult:
     """Fig. 12: AnInfoNCE reaches at least TriCL's R², most clearly with the anisotropic 15/250 split."""
     fin = final_rows(df)
-    lam_cols = [c for c in fin.columns if _R2_BLOCK.match(c)]
+    lam_cols = [c for c in fin.columns if r2_block_lambda(c) is not None]
     fin = fin.assign(anisotropic=fin[lam_cols].notna().sum(axis=1) > 1 if lam_cols else False)
     gaps, parts = {}, []
     for conc, g in fin.groupby("concentration", sort=False) if "concentration" in fin.columns else []:

@@ -7,17 +7,16 @@ A criterion the data cannot decide (a metric missing, a target never reached by 
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import pandas as pd
 
 from ablate.analysis.stats import spearman
+from ablate.columns import r2_block_lambda
 
 __all__ = ["ITT_TARGETS", "Check", "ClaimResult"]
 
-_R2_BLOCK = re.compile(r"^r2_lambda_(.+)$")
 #: Target R² values of the iterations-to-target checks (the batch_vs_dim dashboard's Fig. 9B targets).
 ITT_TARGETS = (0.5, 0.7, 0.8, 0.9)
 
@@ -115,19 +114,7 @@ def _groupwise_sign(
 
 def _block_lambdas(df: pd.DataFrame) -> list[float]:
     """The Λ values with a per-block R² column (r2_lambda_<Λ>), ascending."""
-    out = []
-    for c in df.columns:
-        m = _R2_BLOCK.match(c)
-        if m and df[c].notna().any():
-            try:
-                out.append(float(m.group(1)))
-            except ValueError:
-                continue
-    return sorted(out)
-
-
-def _block_col(lam: float) -> str:
-    return f"r2_lambda_{lam:g}"
+    return sorted(lam for c in df.columns if (lam := r2_block_lambda(c)) is not None and df[c].notna().any())
 
 
 def _variant(fin: pd.DataFrame, name: str) -> pd.DataFrame:

@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 import math
-import re
 
 import numpy as np
 import pandas as pd
 
 from ablate.analysis.claims.base import (
-    _R2_BLOCK,
     ITT_TARGETS,
     Check,
     ClaimResult,
     _all_or_none,
-    _block_col,
     _block_lambdas,
     _groupwise_sign,
     _missing,
@@ -25,6 +22,7 @@ from ablate.analysis.claims.base import (
 )
 from ablate.analysis.run import RunContext, final_rows
 from ablate.analysis.stats import block_r2, fmt_ms, iterations_to_targets, mean_sd, seed_stats, spearman
+from ablate.columns import lambda_hat_columns, r2_block_column, r2_block_lambda
 from ablate.core.metrics import iterations_to_target
 
 # --------------------------------------------------------------------------- claim 1: Fig. 2A
@@ -107,7 +105,7 @@ def claim_bimodal(df: pd.DataFrame, ctx: RunContext) -> ClaimResult:
     if len(lams) < 2:
         checks.append(_not_measured("content block first", crit, "fewer than two Λ blocks"))
     else:
-        style, content = _block_col(lams[0]), _block_col(lams[-1])
+        style, content = r2_block_column(lams[0]), r2_block_column(lams[-1])
         per_seed = {
             str(seed): _content_first(t.sort_values("step"), style, content)
             for seed, t in df.groupby("seed", sort=True)
@@ -147,7 +145,7 @@ def claim_bimodal(df: pd.DataFrame, ctx: RunContext) -> ClaimResult:
                 bool(err.mean() <= 0.15),
             )
         )
-    hats = fin[[c for c in fin.columns if re.fullmatch(r"lambda_hat_\d+", c)]]
+    hats = fin[lambda_hat_columns(fin.columns)]
     return ClaimResult(
         2,
         "Bimodal Λ = 5/25: convergence, content first, loss floor, Λ̂",
@@ -167,7 +165,7 @@ def _lambda_range_rows(fin: pd.DataFrame, top: float) -> pd.DataFrame:
     """Rows whose largest Λ block is ``top`` (the 5 → 50 setting among the linear ranges)."""
 
     def largest(row: pd.Series) -> float:
-        lams = [float(m.group(1)) for c in row.index if (m := _R2_BLOCK.match(c)) and pd.notna(row[c])]
+        lams = [lam for c in row.index if (lam := r2_block_lambda(c)) is not None and pd.notna(row[c])]
         return max(lams) if lams else math.nan
 
     return fin[fin.apply(largest, axis=1) == top] if not fin.empty else fin
@@ -224,7 +222,7 @@ def _linear_lambda(df: pd.DataFrame, top: float, title: str, paper: str) -> Clai
                 bool(gap >= 0.05 and gap > noise),
             )
         )
-    hats = an[[c for c in an.columns if re.fullmatch(r"lambda_hat_\d+", c)]]
+    hats = an[lambda_hat_columns(an.columns)]
     err = an["lambda_max_rel_error"] if "lambda_max_rel_error" in an else pd.Series(dtype=float)
     return ClaimResult(
         3,

@@ -25,6 +25,7 @@ from plotly.colors import hex_to_rgb, qualitative, sample_colorscale, unlabel_rg
 from plotly.subplots import make_subplots
 
 from ablate.analysis.run import RunContext
+from ablate.columns import r2_block_lambda, r2_dim_index
 from ablate.service.grids import natural_key
 
 __all__ = [
@@ -144,10 +145,10 @@ def fmt(v: Any) -> str:
 
 def metric_label(name: str) -> str:
     """Reader-facing name of a reported metric: r2_lambda_25 → 'R² (Λ = 25 block)'."""
-    if name.startswith("r2_lambda_"):
-        return f"R² (Λ = {name.removeprefix('r2_lambda_')} block)"
-    if name.startswith("r2_dim_"):
-        return f"R² (dim {name.removeprefix('r2_dim_')})"
+    if (lam := r2_block_lambda(name)) is not None:
+        return f"R² (Λ = {lam:g} block)"
+    if (dim := r2_dim_index(name)) is not None:
+        return f"R² (dim {dim})"
     return {"r2": "R²", "mcc": "MCC", "eval_loss": "loss (fresh batch)", "loss": "loss (training)"}.get(name, name)
 
 

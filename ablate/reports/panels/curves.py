@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import re
-
 import pandas as pd
 import plotly.graph_objects as go
 
 from ablate.analysis.run import RunContext, final_rows
 from ablate.analysis.stats import seed_stats
+from ablate.columns import parse_lambda_hat
 from ablate.config import RunConfig
 from ablate.reports.panels.base import (
     COMMON_FACETS,
@@ -34,8 +33,6 @@ from ablate.reports.panels.base import (
     sorted_unique,
     trace_mode,
 )
-
-_LAMBDA_HAT = re.compile(r"^lambda_hat_(?:(\d+)_)?(\d+)$")
 
 
 # --------------------------------------------------------------------------- r2_curves
@@ -158,7 +155,7 @@ def _truth(cfg: RunConfig, member: int) -> tuple[list[float], str]:
 
 def _lambda_hat_data(df: pd.DataFrame, spec: PanelSpec, ctx: RunContext) -> pd.DataFrame:
     cols = ["facet", "trial_id", "member", "dim", "kind", "truth", "x", "value"]
-    hat_cols = [c for c in df.columns if _LAMBDA_HAT.match(c)]
+    hat_cols = [c for c in df.columns if parse_lambda_hat(c) is not None]
     if df.empty or not hat_cols:
         return pd.DataFrame(columns=cols)
     axes = axes_in(df, ctx)
@@ -174,8 +171,8 @@ def _lambda_hat_data(df: pd.DataFrame, spec: PanelSpec, ctx: RunContext) -> pd.D
         tdf = df[df["trial_id"] == trial["trial_id"]]
         members: set[int] = set()
         for c in hat_cols:
-            k, i = _LAMBDA_HAT.match(c).groups()
-            member = int(k) if k is not None else 0
+            k, i = parse_lambda_hat(c)
+            member = k if k is not None else 0
             sub = tdf[["trial_id", x, c]].dropna()
             if sub.empty:
                 continue
