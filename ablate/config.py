@@ -21,15 +21,16 @@ __all__ = [
     "did_you_mean",
     "unknown_setting",
     "ConfigError",
-    "LOSSES",
+    "LOSS_NAMES",
     "RunConfig",
     "parse_assignments",
     "resolve_concentration",
     "yaml_loader",
 ]
 
-#: Loss names a config may use.
-LOSSES = ("aninfonce", "infonce", "ensemble_aninfonce", "tricl")
+#: The loss names a config may use (``RunConfig.loss``), defined here only: the loss registry
+#: (:data:`ablate.core.losses.LOSSES`) holds one entry for each and checks that at import.
+LOSS_NAMES = ("aninfonce", "infonce", "ensemble_aninfonce", "tricl")
 
 ConcentrationSpec = float | list[float] | str | dict[str, list[float]]
 
@@ -159,7 +160,7 @@ class RunConfig(BaseModel):
     normalize_output: bool = Field(default=True, description="L2-normalise the encoder output")
 
     # --- loss
-    loss: Literal["aninfonce", "infonce", "ensemble_aninfonce", "tricl"] = Field(
+    loss: Literal[LOSS_NAMES] = Field(
         default="aninfonce", description="training loss"
     )
     tau: float = Field(default=1.0, gt=0, description="InfoNCE temperature τ")

@@ -137,10 +137,13 @@ def test_every_loss_name_a_config_allows_is_registered_and_builds():
 
     import torch
 
+    from ablate.config import LOSS_NAMES
     from ablate.core.losses import LOSSES, ContrastiveLoss, build_loss
 
     allowed = set(typing.get_args(RunConfig.model_fields["loss"].annotation))
-    assert allowed == set(LOSSES), "RunConfig.loss and the loss registry name the same losses"
+    assert allowed == set(LOSSES) == set(LOSS_NAMES), "RunConfig.loss and the loss registry name the same losses"
+    with pytest.raises(ConfigError, match="loss: .*'aninfonce', 'infonce', 'ensemble_aninfonce' or 'tricl'"):
+        RunConfig.build({"loss": "nce"})
     for loss in sorted(allowed):
         extra = {"ensemble": ["5/25", "25/5"]} if loss == "ensemble_aninfonce" else {}
         config = RunConfig.build({"loss": loss, "latent_dim": 4, **extra})

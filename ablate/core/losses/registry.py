@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ablate.config import RunConfig, resolve_concentration
+from ablate.config import LOSS_NAMES, RunConfig, resolve_concentration
 from ablate.core.losses.aninfonce import AnInfoNCE, EnsembleAnInfoNCE, HardNegativeAnInfoNCE
 from ablate.core.losses.base import ContrastiveLoss
 from ablate.core.losses.infonce import InfoNCE
@@ -53,27 +53,35 @@ def _aninfonce_floor(config: RunConfig, hard_negatives_active: bool) -> Contrast
     return AnInfoNCE(d, config.lambda_true)
 
 
-#: Every loss a config may name (``RunConfig.loss``).
+#: Every loss a config may name (``RunConfig.loss``), by name: one entry per name of
+#: :data:`ablate.config.LOSS_NAMES`, in its order (checked below).
 LOSSES: dict[str, LossKind] = {
-    "aninfonce": LossKind("aninfonce", _aninfonce, _aninfonce_floor),
-    "infonce": LossKind(
-        "infonce", lambda c, g: InfoNCE(c.tau, c.infonce_layout), lambda c, active: InfoNCE(c.tau, c.infonce_layout)
-    ),
-    "ensemble_aninfonce": LossKind(
-        "ensemble_aninfonce",
-        lambda c, g: EnsembleAnInfoNCE(
-            c.latent_dim, len(c.lambda_ensemble), init_std=c.lambda_hat_init_std, generator=g
+    kind.name: kind
+    for kind in (
+        LossKind("aninfonce", _aninfonce, _aninfonce_floor),
+        LossKind(
+            "infonce",
+            lambda c, g: InfoNCE(c.tau, c.infonce_layout),
+            lambda c, active: InfoNCE(c.tau, c.infonce_layout),
         ),
-        lambda c, active: EnsembleAnInfoNCE(c.latent_dim, len(c.lambda_ensemble), fixed=c.lambda_ensemble),
-    ),
-    "tricl": LossKind(
-        "tricl",
-        lambda c, g: TriCL(
-            c.latent_dim, decorrelation=c.tricl_decorrelation, init_std=c.lambda_hat_init_std, generator=g
+        LossKind(
+            "ensemble_aninfonce",
+            lambda c, g: EnsembleAnInfoNCE(
+                c.latent_dim, len(c.lambda_ensemble), init_std=c.lambda_hat_init_std, generator=g
+            ),
+            lambda c, active: EnsembleAnInfoNCE(c.latent_dim, len(c.lambda_ensemble), fixed=c.lambda_ensemble),
         ),
-        lambda c, active: None,
-    ),
+        LossKind(
+            "tricl",
+            lambda c, g: TriCL(
+                c.latent_dim, decorrelation=c.tricl_decorrelation, init_std=c.lambda_hat_init_std, generator=g
+            ),
+            lambda c, active: None,
+        ),
+    )
 }
+if tuple(LOSSES) != LOSS_NAMES:  # a loss added to one place only: fail at import, not when a run names it
+    raise ImportError(f"the loss registry holds {tuple(LOSSES)}, but ablate.config.LOSS_NAMES is {LOSS_NAMES}")
 
 
 def build_loss(config: RunConfig, generator: torch.Generator) -> ContrastiveLoss:
