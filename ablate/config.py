@@ -22,7 +22,9 @@ __all__ = [
     "unknown_setting",
     "ConfigError",
     "LOSS_NAMES",
+    "RESUME_MAY_CHANGE",
     "RunConfig",
+    "TRAINING_FIELDS",
     "parse_assignments",
     "resolve_concentration",
     "yaml_loader",
@@ -31,6 +33,15 @@ __all__ = [
 #: The loss names a config may use (``RunConfig.loss``), defined here only: the loss registry
 #: (:data:`ablate.core.losses.LOSSES`) holds one entry for each and checks that at import.
 LOSS_NAMES = ("aninfonce", "infonce", "ensemble_aninfonce", "tricl")
+
+#: Settings a run may change when it resumes from a checkpoint: its budget, how often and how finely it reports,
+#: and where it runs. Every other field is a science field (:meth:`RunConfig.science_fields`).
+RESUME_MAY_CHANGE = frozenset({"max_steps", "report_every", "target_r2", "device", "eval_samples", "prefetch"})
+
+#: How a run trains (optimiser, schedule, batch, encoder width), as opposed to what it studies (the DGP, g, the
+#: loss and its settings, the seeds). A preset sets only these and :data:`RESUME_MAY_CHANGE` (tests/test_presets.py).
+#: They are still science fields: a checkpoint resumes only with the values it was written with.
+TRAINING_FIELDS = frozenset({"lr", "lr_lambda", "lr_schedule", "warmup_steps", "batch_size", "encoder_widths"})
 
 ConcentrationSpec = float | list[float] | str | dict[str, list[float]]
 
@@ -160,9 +171,7 @@ class RunConfig(BaseModel):
     normalize_output: bool = Field(default=True, description="L2-normalise the encoder output")
 
     # --- loss
-    loss: Literal[LOSS_NAMES] = Field(
-        default="aninfonce", description="training loss"
-    )
+    loss: Literal[LOSS_NAMES] = Field(default="aninfonce", description="training loss")
     tau: float = Field(default=1.0, gt=0, description="InfoNCE temperature τ")
     infonce_layout: Literal["symmetric", "reference"] = Field(
         default="symmetric",
@@ -269,6 +278,22 @@ class RunConfig(BaseModel):
     def effective_generator_seed(self) -> int:
         """The seed g is built from."""
         return self.seed if self.generator_seed is None else self.generator_seed
+
+    @classmethod
+    def science_fields(cls) -> frozenset[str]:
+        """The fields whose values must match for a run to resume from a checkpoint: every field but
+        :data:`RESUME_MAY_CHANGE`.
+
+        ``lr`` and ``batch_size`` are science fields too. The checkpoint holds Adam's moments built up at the rate
+        it was trained with; continuing them at another rate is an optimisation that neither setting describes. Another batch size draws other samples from the same random
+        stream from the first step after the resume on, so the run's data stream is neither run's. Either way the
+        resumed run would no longer give the numbers of a run that never stopped, which is what resuming promises.
+        """
+        return frozenset(cls.model_fields) - RESUME_MAY_CHANGE
+
+    def science(self) -> dict[str, Any]:
+        """This config's values of :meth:`science_fields` (JSON-like), to compare with a checkpoint's."""
+        return self.model_dump(mode="json", include=set(self.science_fields()))
 
     @classmethod
     def build(cls, values: dict[str, Any], source: str = "config") -> RunConfig:

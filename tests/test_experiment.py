@@ -140,10 +140,12 @@ def test_resume_differs_without_the_checkpoint():
     assert not torch.equal(next(whole.encoder.parameters()), next(fresh.encoder.parameters()))
 
 
-def test_loading_a_checkpoint_of_another_configuration_fails():
+@pytest.mark.parametrize("change", [{"seed": 1}, {"lr": 2e-3}, {"batch_size": 64}])
+def test_loading_a_checkpoint_of_another_configuration_fails(change):
+    # lr and batch_size are science fields (RunConfig.science_fields says why): the resumed run would be neither run
     state = make(seed=0).state_dict()
     with pytest.raises(ValueError, match="different configuration"):
-        make(seed=1).load_state_dict(state)
+        make(**change).load_state_dict(state)
 
 
 def test_checkpoint_may_change_budget_and_reporting_fields():

@@ -320,11 +320,10 @@ class Experiment:
         self.step = int(state["step"])
 
 
-#: Fields that may differ between a checkpoint and the run loading it (budget, reporting, execution).
-_NON_SCIENCE_FIELDS = {"max_steps", "report_every", "target_r2", "device", "eval_samples", "prefetch"}
 #: Fields that older checkpoints hold and RunConfig no longer has.
 _RETIRED_FIELDS = {"fault"}
 
 
 def _science_fields(config: RunConfig) -> dict[str, Any]:
-    return {k: v for k, v in config.model_dump(mode="json").items() if k not in _NON_SCIENCE_FIELDS}
+    """The values a checkpoint and the run loading it must share (:meth:`RunConfig.science_fields`)."""
+    return config.science()
