@@ -22,6 +22,7 @@ __all__ = [
     "unknown_setting",
     "ConfigError",
     "LOSS_NAMES",
+    "REFERENCE_WIDTHS",
     "RESUME_MAY_CHANGE",
     "RunConfig",
     "TRAINING_FIELDS",
@@ -42,6 +43,10 @@ RESUME_MAY_CHANGE = frozenset({"max_steps", "report_every", "target_r2", "device
 #: loss and its settings, the seeds). A preset sets only these and :data:`RESUME_MAY_CHANGE` (tests/test_presets.py).
 #: They are still science fields: a checkpoint resumes only with the values it was written with.
 TRAINING_FIELDS = frozenset({"lr", "lr_lambda", "lr_schedule", "warmup_steps", "batch_size", "encoder_widths"})
+
+#: Hidden widths of the reference encoder as multiples of the latent dim (d→10d→50d→50d→50d→50d→10d→d): the
+#: default of ``RunConfig.encoder_widths`` and of :class:`ablate.core.encoder.Encoder`.
+REFERENCE_WIDTHS: tuple[int, ...] = (10, 50, 50, 50, 50, 10)
 
 ConcentrationSpec = float | list[float] | str | dict[str, list[float]]
 
@@ -166,7 +171,8 @@ class RunConfig(BaseModel):
 
     # --- encoder f
     encoder_widths: list[int] = Field(
-        default=[10, 50, 50, 50, 50, 10], description="hidden widths as multiples of d (reference: 10,50,50,50,50,10)"
+        default=list(REFERENCE_WIDTHS),
+        description=f"hidden widths as multiples of d (reference: {','.join(map(str, REFERENCE_WIDTHS))})",
     )
     normalize_output: bool = Field(default=True, description="L2-normalise the encoder output")
 

@@ -33,6 +33,7 @@ __all__ = [
     "BEST_CONFIG_FILE",
     "INTERRUPTED",
     "INTERRUPTED_FILE",
+    "MARKER_TIME_FORMAT",
     "OPTUNA_DB",
     "PARAMS_FILE",
     "REPORT_FILE",
@@ -48,6 +49,7 @@ __all__ = [
     "read_marker",
     "remove_file",
     "resolve_run_dir",
+    "run_name",
     "write_text",
 ]
 
@@ -57,6 +59,8 @@ RUN_MARKER = "ablate_run.json"
 #: directory, marker included) over the run directory file by file, not atomically: a kill in that moment can
 #: tear one file, never both copies.
 RUN_MARKER_BACKUP = "ablate_run.backup.json"
+#: The marker's ``created`` time: local time with its UTC offset (``time.strftime`` / ``datetime.strptime``).
+MARKER_TIME_FORMAT = "%Y-%m-%dT%H:%M:%S%z"
 #: A trial's settings, written once when it starts.
 PARAMS_FILE = "params.json"
 #: A trial's reports, one JSON object per line, append-only.
@@ -89,6 +93,11 @@ def is_remote(uri: str | os.PathLike) -> bool:
 
 def _local(uri: str | os.PathLike) -> Path:
     return Path(str(uri).removeprefix("file://"))
+
+
+def run_name(grid: str, scale: str, preset: str | None = None) -> str:
+    """A run's name when ``--name`` is not given: ``<grid>-<scale>``, or ``<grid>-<scale>-<preset>``."""
+    return f"{grid}-{scale}" + (f"-{preset}" if preset else "")
 
 
 def resolve_run_dir(storage: str, name: str) -> str:

@@ -14,7 +14,7 @@ from torch import Tensor
 from torch.nn import functional as F
 
 from ablate import dgp
-from ablate.core.encoder import REFERENCE_WIDTHS
+from ablate.config import REFERENCE_WIDTHS
 from ablate.core.generator import build_generator
 
 __all__ = ["BatchedAnInfoNCEModels", "batched_aninfonce_loss"]

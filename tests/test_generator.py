@@ -6,9 +6,9 @@ import pytest
 import torch
 from torch import nn
 
-from ablate.config import RunConfig
+from ablate.config import REFERENCE_WIDTHS, RunConfig
 from ablate.core.dgp import sample_uniform
-from ablate.core.encoder import REFERENCE_WIDTHS, Encoder
+from ablate.core.encoder import Encoder
 from ablate.core.generator import (
     GENERATOR_SLOPE,
     PAPER_COND_QUANTILE,
@@ -193,7 +193,7 @@ def _linear_shapes(enc: Encoder) -> list[tuple[int, int]]:
 def test_encoder_reference_widths():
     d = 4
     enc = Encoder(d, d)
-    assert REFERENCE_WIDTHS == (10, 50, 50, 50, 50, 10)
+    assert REFERENCE_WIDTHS == (10, 50, 50, 50, 50, 10) and RunConfig().encoder_widths == list(REFERENCE_WIDTHS)
     widths = [d, 10 * d, 50 * d, 50 * d, 50 * d, 50 * d, 10 * d, d]  # d→10d→50d→50d→50d→50d→10d→d
     assert _linear_shapes(enc) == list(zip(widths[:-1], widths[1:]))
     acts = [m for m in enc.net if isinstance(m, nn.LeakyReLU)]

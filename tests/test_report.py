@@ -30,9 +30,10 @@ from ablate.reports.report import (
     watch_report,
     write_report,
 )
+from ablate.rundir import RUN_MARKER, RunError
 from ablate.service.cluster import DashboardHandle, auth_lines, check_host, is_loopback
-from ablate.service.grids import SCALES, known_grids, load_grid
-from ablate.service.runner import RUN_MARKER, RunError
+from ablate.service.grids import known_grids, load_grid
+from ablate.service.specs import SCALES
 
 #: The columns of each panel kind's data frame.
 COLUMNS = {

@@ -265,7 +265,7 @@ def test_param_space_starts_the_costliest_trials_first():
 def test_an_optuna_grid_stores_its_study_in_sqlite_that_optuna_can_open(ray_session, tmp_path):
     import optuna
 
-    from ablate.service.runner import OPTUNA_DB, optuna_storage_url
+    from ablate.rundir import OPTUNA_DB, optuna_storage_url
 
     grid = load_grid("tune_aninfonce", "smoke")
     with warnings.catch_warnings(record=True) as caught:

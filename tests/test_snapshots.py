@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from ablate.rundir import RunError
 from ablate.service.grids import load_grid
-from ablate.service.runner import RunError, run_grid
+from ablate.service.runner import run_grid
 from ablate.service.snapshots import (
     BACKUP_DIR,
     DISCARDED_DIR,

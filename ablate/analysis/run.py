@@ -15,6 +15,7 @@ from ablate.analysis.results import axis_value, load_results
 from ablate.config import ConfigError, RunConfig
 from ablate.rundir import TRIAL_PREFIX, RunReader
 from ablate.service.grids import Grid, GridError, config_from_params, grid_from_text, load_grid, natural_key
+from ablate.service.specs import DEFAULT_SCALE
 
 __all__ = ["Run", "RunContext", "final_rows", "generator_table", "load_run", "run_finished", "trial_table"]
 
@@ -59,7 +60,7 @@ class Run:
 
 def _grid_from_marker(marker: dict[str, Any]) -> Grid | None:
     """The run's grid at its scale, from the YAML text the run stored (so later edits do not matter)."""
-    name, scale = marker.get("grid"), marker.get("scale", "laptop")
+    name, scale = marker.get("grid"), marker.get("scale", DEFAULT_SCALE)
     text = marker.get("grid_yaml")
     try:
         if text:

@@ -13,6 +13,7 @@ from ablate.analysis.text import text_table as _table
 from ablate.cli.run import cmd_run, resume_command
 from ablate.columns import r2_block_lambda
 from ablate.config import ConfigError, RunConfig, parse_assignments
+from ablate.service.specs import DEFAULT_SCALE, SCALES
 
 __all__ = ["main"]
 
@@ -57,7 +58,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------ list / show
 def cmd_list(args: argparse.Namespace) -> int:
-    from ablate.service.grids import SCALES, known_grids, load_grid
+    from ablate.service.grids import known_grids, load_grid
 
     rows = []
     for name in known_grids():
@@ -192,7 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("show", help="a grid's resolved settings and axes")
     s.add_argument("grid")
-    s.add_argument("--scale", default="laptop", choices=["smoke", "laptop", "paper"])
+    s.add_argument("--scale", default=DEFAULT_SCALE, choices=SCALES)
     s.add_argument(
         "--no-generator",
         dest="generator",
@@ -207,7 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="+",
         help="grid names (see `ablate list`) or paths to grid YAML files; several run one after another on one Ray",
     )
-    r.add_argument("--scale", default="laptop", choices=["smoke", "laptop", "paper"])
+    r.add_argument("--scale", default=DEFAULT_SCALE, choices=SCALES)
     r.add_argument("--storage", default="runs", help="folder or URI (s3://, gs://) holding runs (default: ./runs)")
     r.add_argument("--name", help="run name (default: <grid>-<scale>, or <grid>-<scale>-<preset>)")
     r.add_argument("--set", nargs="*", metavar="KEY=VALUE", help="override a setting for every trial")

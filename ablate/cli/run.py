@@ -114,8 +114,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _run_one(args: argparse.Namespace, grid) -> int:
+    from ablate.service.cluster import auth_hint
     from ablate.service.grids import natural_key
-    from ablate.service.runner import StorageFull, auth_hint, run_grid, summary_rows
+    from ablate.service.runner import StorageFull, run_grid, summary_rows
 
     def announce(run_dir: str, url: str | None) -> None:
         print(f"run: {run_dir}")

@@ -7,10 +7,9 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-__all__ = ["REFERENCE_WIDTHS", "Encoder"]
+from ablate.config import REFERENCE_WIDTHS
 
-#: Hidden widths of the reference encoder as multiples of the latent dim: d→10d→50d→50d→50d→50d→10d→d.
-REFERENCE_WIDTHS: tuple[int, ...] = (10, 50, 50, 50, 50, 10)
+__all__ = ["Encoder"]
 
 
 class Encoder(nn.Module):

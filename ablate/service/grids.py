@@ -38,12 +38,10 @@ from typing import Any
 from pydantic import ValidationError
 
 from ablate.config import ConfigError, RunConfig, did_you_mean, unknown_setting
-from ablate.service.specs import SCALES, GridFile, parse_spec, read_yaml, spec_error
-from ablate.shipped import SEARCH_SPACES, shipped_dir, shipped_files
+from ablate.service.specs import DEFAULT_SCALE, SCALES, GridFile, parse_spec, read_yaml, spec_error
+from ablate.shipped import SEARCH_SPACES, shipped_files
 
 __all__ = [
-    "GRID_DIR",
-    "SCALES",
     "Grid",
     "GridError",
     "axis_text",
@@ -54,9 +52,6 @@ __all__ = [
     "load_grid",
 ]
 
-#: The grids shipped with ablate (package data).
-GRID_DIR = shipped_dir(SEARCH_SPACES)
-DEFAULT_SCALE = "laptop"
 
 #: Keys of a trial's param dict that are not RunConfig fields (``fault``: the Trainable's test-only fault hook,
 #: see ablate.service.trainable.FaultSpec; set from Python, never from a grid file).

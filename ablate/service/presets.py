@@ -24,12 +24,9 @@ from pydantic import Field, field_validator, model_validator
 
 from ablate.config import ConfigError, RunConfig, did_you_mean
 from ablate.service.specs import Spec, parse_spec, read_yaml, unknown_settings
-from ablate.shipped import PRESETS, shipped_dir, shipped_files
+from ablate.shipped import PRESETS, shipped_files
 
-__all__ = ["PRESET_DIR", "Preset", "PresetError", "PresetFile", "known_presets", "load_preset"]
-
-#: The presets shipped with ablate (package data).
-PRESET_DIR = shipped_dir(PRESETS)
+__all__ = ["Preset", "PresetError", "PresetFile", "known_presets", "load_preset"]
 
 
 class PresetFile(Spec):

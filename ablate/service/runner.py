@@ -20,33 +20,27 @@ from ablate import __version__, ray_compat
 from ablate.rundir import (
     INTERRUPTED,
     INTERRUPTED_FILE,
-    OPTUNA_DB,
-    RUN_MARKER,
+    MARKER_TIME_FORMAT,
     RunError,
     RunReader,
     check_writable,
     is_remote,
-    optuna_storage_url,
     read_marker,
     remove_file,
     resolve_run_dir,
+    run_name,
     write_marker,
     write_text,
 )
-from ablate.service.cluster import auth_hint, init_ray
+from ablate.service.cluster import init_ray
 from ablate.service.grids import Grid, GridError, axis_text, flat_params
 from ablate.service.search import save_best, tune_config
 from ablate.service.snapshots import BACKUP_DIR, DISCARDED_DIR, SnapshotError, choose_snapshot, has_snapshot
 
 __all__ = [
-    "OPTUNA_DB",
-    "RUN_MARKER",
-    "RunError",
     "RunOutcome",
     "StorageFull",
     "TrialOutcome",
-    "auth_hint",
-    "optuna_storage_url",
     "probe_acceptance",
     "default_run_name",
     "has_run_state",
@@ -163,7 +157,7 @@ def _marker(grid: Grid) -> dict[str, Any]:
         "axes": grid.axis_names(),
         "variants": [v["name"] for v in grid.variants],
         "n_trials": grid.n_trials,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "created": time.strftime(MARKER_TIME_FORMAT),
     }
 
 
@@ -203,8 +197,8 @@ def _reporter(grid: Grid):
 
 
 def default_run_name(grid: Grid) -> str:
-    """A run's name when ``--name`` is not given: ``<grid>-<scale>``, or ``<grid>-<scale>-<preset>``."""
-    return f"{grid.name}-{grid.scale}" + (f"-{grid.preset}" if grid.preset else "")
+    """A run's name when ``--name`` is not given (:func:`ablate.rundir.run_name`)."""
+    return run_name(grid.name, grid.scale, grid.preset)
 
 
 def has_run_state(storage: str, name: str) -> bool:

@@ -56,10 +56,6 @@ BACKUP_DIR = ".ablate_snapshot"
 #: Ray's pickled Tuner in the run directory (`Tuner.restore` reads it first).
 TUNER_FILE = "tuner.pkl"
 _KEEP_BACKUPS = 2
-_EXPERIMENT = EXPERIMENT_STATE_RE
-# per-session files (Ray's names, see ablate.ray_compat): name template -> how the file is encoded
-_SESSION_FILES = SNAPSHOT_FILES
-_SEARCHER_FILES = SEARCHER_FILES
 
 
 class SnapshotError(RuntimeError):
@@ -102,13 +98,13 @@ def file_problem(path: Path, kind: str) -> str | None:
 
 def _session_problems(folder: Path, session: str) -> list[str]:
     problems = []
-    for template, kind in _SESSION_FILES.items():
+    for template, kind in SNAPSHOT_FILES.items():
         path = folder / template.format(session)
         if path.exists():
             why = file_problem(path, kind)
             if why:
                 problems.append(f"{path.name}: {why}")
-    if not any((folder / t.format(session)).exists() for t in _SEARCHER_FILES):
+    if not any((folder / t.format(session)).exists() for t in SEARCHER_FILES):
         problems.append(f"experiment_state-{session}.json: its search algorithm state was never written")
     return problems
 
@@ -118,7 +114,7 @@ def sessions(folder: str | Path) -> list[str]:
     folder = Path(folder)
     if not folder.is_dir():
         return []
-    names = (_EXPERIMENT.match(p.name) for p in folder.iterdir() if p.is_file())
+    names = (EXPERIMENT_STATE_RE.match(p.name) for p in folder.iterdir() if p.is_file())
     return sorted((m["session"] for m in names if m), reverse=True)
 
 
@@ -138,7 +134,7 @@ def save_backup(staging_dir: str | Path, run_dir: str | Path) -> Path | None:
     found = sessions(staging_dir)
     if not found:
         return None
-    files = [staging_dir / t.format(found[0]) for t in _SESSION_FILES]
+    files = [staging_dir / t.format(found[0]) for t in SNAPSHOT_FILES]
     root.mkdir(exist_ok=True)
     tmp = root / f"tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -219,7 +215,7 @@ def _mend_tuner(run_dir: Path, problem: str) -> dict[str, str]:
 
 
 def _put_back(backup: Path, run_dir: Path, session: str) -> None:
-    for template in _SESSION_FILES:
+    for template in SNAPSHOT_FILES:
         source = backup / template.format(session)
         if source.exists():
             _copy_in(source, run_dir)
@@ -227,7 +223,7 @@ def _put_back(backup: Path, run_dir: Path, session: str) -> None:
 
 def _set_aside(run_dir: Path, session: str, why: str) -> dict[str, str]:
     moved: dict[str, str] = {}
-    for template in _SESSION_FILES:
+    for template in SNAPSHOT_FILES:
         moved.update(_move_aside(run_dir / template.format(session), why))
     return moved
 

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from ablate.config import RunConfig, unknown_setting, yaml_loader
 
 __all__ = [
+    "DEFAULT_SCALE",
     "SCALES",
     "GridFile",
     "GridScale",
@@ -28,7 +29,11 @@ __all__ = [
     "unknown_settings",
 ]
 
+#: Every grid's scales: ``smoke`` (seconds, for the tests), ``laptop`` (minutes on 2 CPU cores), ``paper`` (the
+#: papers' values and budgets, for a GPU cluster).
 SCALES = ("smoke", "laptop", "paper")
+#: The scale a grid runs at unless one is named (``--scale``).
+DEFAULT_SCALE = "laptop"
 _DISTRIBUTIONS = ("choice", "loguniform", "randint", "uniform")
 _TYPE_WORDS = {
     "int": "an integer",

@@ -27,7 +27,7 @@ from ablate.analysis.claims.main_text import (
     claim_linear_lambda_public_run,
 )
 from ablate.analysis.run import RunContext, load_run
-from ablate.rundir import RunReader
+from ablate.rundir import MARKER_TIME_FORMAT, RunReader, run_name
 
 __all__ = ["CLAIMS", "command", "evaluate_frame", "evaluate_run", "markdown_table", "run_wall_s", "text_report"]
 
@@ -63,7 +63,7 @@ def run_wall_s(run_dir: str | Path) -> float | None:
     """Seconds from the run's creation (its marker) to the last report of any trial, or None if unknown."""
     reader = RunReader(run_dir)
     try:
-        start = datetime.strptime(reader.marker()["created"], "%Y-%m-%dT%H:%M:%S%z").timestamp()
+        start = datetime.strptime(reader.marker()["created"], MARKER_TIME_FORMAT).timestamp()
     except (KeyError, ValueError):
         return None
     last = [row["timestamp"] for name in reader.trial_dirs() for row in reader.results(name)[-1:] if "timestamp" in row]
@@ -84,9 +84,8 @@ def evaluate_run(run_dir: str | Path) -> list[ClaimResult]:
 # --------------------------------------------------------------------------- output
 def command(grid: str, scale: str, preset: str | None = None) -> str:
     """The one command that reproduces a claim's run and report."""
-    if preset:
-        return f"ablate run {grid} --scale {scale} --preset {preset} && ablate report runs/{grid}-{scale}-{preset}"
-    return f"ablate run {grid} --scale {scale} && ablate report runs/{grid}-{scale}"
+    run = f"ablate run {grid} --scale {scale}" + (f" --preset {preset}" if preset else "")
+    return f"{run} && ablate report runs/{run_name(grid, scale, preset)}"
 
 
 def _cell(text: str) -> str:
