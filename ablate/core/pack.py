@@ -1,0 +1,263 @@
+"""A pack: k runs whose configs share every shape and code path (:mod:`ablate.core.pack_fields`), trained as one
+batched model. Pure torch: no Ray, no files.
+
+Member i of any pack computes what ``Experiment(configs[i])`` computes alone: its own g, its own initialisation
+and its own data stream (each member draws its batches from its own generator, so its numbers do not depend on
+what else is in the pack), the same loss and the same Adam update with its own learning rates. On this CPU that
+holds to the last bit (tests/test_pack.py; the batched layers are written to make it so, :mod:`.batched`); on
+other BLAS builds or a GPU only up to float reassociation.
+
+How the k models are batched: stacked weights ``(k, out, in)`` and one ``baddbmm`` per layer with a backward that
+mirrors ``F.linear``'s (:func:`~ablate.core.batched.linear_nt`), rather than ``torch.func.stack_module_state`` +
+``vmap``. Measured with ``python -m benchmarks.pack`` (this 2-core CPU, 1 thread, CPU ms of one forward +
+backward of k reference encoders on 2B rows, best of 10): baddbmm 1.73 / 4.39 / 11.9 ms against vmap 2.66 / 5.03 /
+14.2 ms at d = 4, B = 64, k = 1 / 3 / 8, and 27.9 / 92.7 / 258 against 33.4 / 101 / 295 ms at d = 10, B = 256.
+vmap was slower at every size, its weight gradients differ from a solo run's in the last bits (autograd's bmm
+backward), and the fused loss (a custom autograd Function) would need a vmap rule. On the CPU a pack's gain is
+the per-operation overhead it saves: a pack of 8 trained 1.9× the member steps per second of 8 solo runs at
+d = 4, B = 64, and 1.1× at d = 10, B = 256, where the matmuls dominate (the numbers: benchmarks/pack.py).
+
+Per-member state: the learning rates enter Adam as a ``(k, 1, …)`` tensor in the update of the stacked tensors,
+with torch.optim.Adam's single-tensor arithmetic otherwise (so a pack of 1 takes Adam's steps exactly); a member
+that is frozen (:meth:`PackedExperiment.freeze`) or failed (non-finite loss) leaves the batched computation,
+and its weights, Λ̂, Adam moments, step and data generator stay exactly as they were. Deciding which members
+Adam updates takes one host sync per step (the k losses' finiteness): free on the CPU; on a GPU it costs the
+overlap of host and device, which a device-side mask could win back when packs are wired to GPUs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.nn import functional as F
+
+from ablate.config import RunConfig
+from ablate.core.batched import adam_update_, linear_nt, pack_loss
+from ablate.core.experiment import Experiment, NonFiniteLossError
+from ablate.core.generator import GENERATOR_SLOPE
+from ablate.core.pack_fields import check_packable
+from ablate.core.pack_state import PackState
+from ablate.core.prefetch import Prefetcher
+
+__all__ = ["PackedExperiment"]
+
+
+class PackedExperiment(PackState):
+    """k runs (``configs``) trained as one batched model; see the module docstring. Its state (stacking,
+    :meth:`state_dict`, :meth:`load_state_dict`, :meth:`member_state_dict`) is :class:`~.pack_state.PackState`'s.
+
+    Attributes:
+        configs: the members' configs, in order.
+        k: the number of members.
+        frozen: indices of members frozen with :meth:`freeze`.
+        failed: index → the step at which the member's loss became non-finite (it trains no further).
+    """
+
+    def __init__(self, configs: Sequence[RunConfig]):
+        configs = list(configs)
+        check_packable(configs)
+        self.configs, self.k = configs, len(configs)
+        self._members = [Experiment(c) for c in configs]  # each member's g, data stream, init, eval and export
+        first, cfg = self._members[0], configs[0]
+        self.device, self.dtype = first.device, first.dtype
+        self._learn_lambda = cfg.loss == "aninfonce" and cfg.fixed_lambda_hat is None
+        self._names = [name for name, _ in first.encoder.named_parameters()] + (["theta"] if self._learn_lambda else [])
+        self._slope = next(m.negative_slope for m in first.encoder.net if isinstance(m, torch.nn.LeakyReLU))
+        self._g = [
+            torch.stack([m.generator.layers[i].weight for m in self._members]) for i in range(cfg.generator_layers)
+        ]
+        self._g_active: dict[tuple[int, ...], list[Tensor]] = {}
+        as_tensor = lambda values: torch.tensor(values, device=self.device, dtype=self.dtype)  # noqa: E731
+        self._tau, self._inv_tau = as_tensor([c.tau for c in configs]), as_tensor([1.0 / c.tau for c in configs])
+        fixed = cfg.loss == "aninfonce" and not self._learn_lambda
+        self._fixed_lambda = torch.stack([m.loss.fixed_lambda for m in self._members]) if fixed else None
+        defaults = first.optimizer.defaults
+        (self._beta1, self._beta2), self._eps = defaults["betas"], defaults["eps"]
+        self.frozen: set[int] = set()
+        self.failed: dict[int, int] = {}
+        self._gather()
+        self.prefetch = True
+
+    # ---------------------------------------------------------------- members
+    def freeze(self, i: int) -> None:
+        """Stop training member ``i`` (it reached its stop): nothing of it changes any more."""
+        if not 0 <= i < self.k:
+            raise IndexError(f"pack member {i} out of range 0..{self.k - 1}")
+        self.frozen.add(i)
+
+    def error(self, i: int) -> NonFiniteLossError:
+        """The error a solo run of failed member ``i`` raises (its message names the step)."""
+        return NonFiniteLossError(
+            f"loss became non-finite at step {self.failed[i]} (seed {self.configs[i].seed}); "
+            "lower the learning rates or check Λ"
+        )
+
+    @property
+    def prefetch(self) -> bool:
+        """Whether :meth:`train` draws the next batches in a second thread (as :attr:`Experiment.prefetch`)."""
+        return self._prefetch
+
+    @prefetch.setter
+    def prefetch(self, enabled: bool) -> None:
+        self._prefetch = bool(enabled) and all(c.prefetch for c in self.configs) and self.device.type == "cpu"
+
+    def _generator(self, active: list[int]) -> list[Tensor]:
+        if len(active) == self.k:
+            return self._g
+        key = tuple(active)
+        if key not in self._g_active:
+            idx = torch.tensor(active, device=self.device)
+            self._g_active = {key: [w[idx] for w in self._g]}
+        return self._g_active[key]
+
+    def _hard_negatives(self, step: int) -> bool:
+        cfg = self.configs[0]
+        return cfg.negative_concentration is not None and step >= cfg.hard_negatives_from_step
+
+    def _draw(self, active: list[int], step: int) -> tuple[Tensor, list[Tensor]]:
+        """x = g(latents) of every active member's batch of ``step`` ``(k_active, N, d)``, and each member's data
+        generator state after drawing it."""
+        hard, xs, states = self._hard_negatives(step), [], []
+        d = self.configs[0].latent_dim
+        for i in active:
+            m = self._members[i]
+            latents = m.sample_latents(self.configs[0].batch_size, m.data_rng, hard_negatives=hard)
+            chunks = [t for pair in latents["pairs"] for t in pair]
+            if latents["negatives"] is not None:
+                chunks.append(latents["negatives"].reshape(-1, d))
+            xs.append(torch.cat(chunks))
+            states.append(m.data_rng.get_state())
+        with torch.no_grad():
+            x = torch.stack(xs)
+            g = self._generator(active)
+            for layer, w in enumerate(g):
+                x = torch.bmm(x, w.mT)
+                if layer < len(g) - 1:
+                    x = F.leaky_relu(x, GENERATOR_SLOPE)
+        return x, states
+
+    def _losses(self, x: Tensor, params: list[Tensor], idx: Tensor | None, hard: bool) -> Tensor:
+        """Each computed member's training loss ``(k_active,)`` for the inputs ``x = g(z)``."""
+        cfg = self.configs[0]
+        n_layers = len(cfg.encoder_widths) + 1
+        h = x
+        for layer in range(n_layers):
+            h = linear_nt(h, params[2 * layer], params[2 * layer + 1])
+            if layer < n_layers - 1:
+                h = F.leaky_relu(h, self._slope)
+        if cfg.normalize_output:
+            h = F.normalize(h, dim=-1)
+        pick = (lambda t: t) if idx is None else (lambda t: t[idx])  # noqa: E731
+        b, ka = cfg.batch_size, h.shape[0]
+        h_neg = h[:, 2 * b :].reshape(ka, b, cfg.n_hard_negatives, -1) if hard else None
+        lam = F.softplus(params[-1]) if self._learn_lambda else None
+        if self._fixed_lambda is not None:
+            lam = pick(self._fixed_lambda)
+        return pack_loss(
+            cfg.loss, h[:, :b], h[:, b : 2 * b], h_neg, lam=lam, tau=pick(self._tau), inv_tau=pick(self._inv_tau),
+            layout=cfg.infonce_layout, batch_negatives=cfg.batch_negatives,
+        )  # fmt: skip
+
+    def _adam(self, params: list[Tensor], update: list[int], positions: list[int], step: int, factor: float) -> None:
+        """Adam's step ``step`` (1-based) for the members ``update`` (at ``positions`` in the computed ``params``),
+        each with its own learning rates times the schedule's ``factor``."""
+        full = len(update) == self.k and params is self._params
+        idx = None if full else torch.tensor(update, device=self.device)
+        pos = None if full else torch.tensor(positions, device=self.device)
+        betas = (self._beta1, self._beta2)
+        with torch.no_grad():
+            for j, (stacked, computed) in enumerate(zip(self._params, params)):
+                is_lambda = self._learn_lambda and j == len(self._params) - 1
+                lrs = [(self.configs[i].lr_lambda if is_lambda else self.configs[i].lr) * factor for i in update]
+                m, v = self._exp_avg[j], self._exp_avg_sq[j]
+                if full:
+                    adam_update_(stacked, computed.grad, m, v, lrs, step, betas, self._eps)
+                    continue
+                p, m_sel, v_sel = stacked[idx], m[idx], v[idx]
+                adam_update_(p, computed.grad[pos], m_sel, v_sel, lrs, step, betas, self._eps)
+                stacked.index_copy_(0, idx, p)
+                m.index_copy_(0, idx, m_sel)
+                v.index_copy_(0, idx, v_sel)
+
+    def _train_step(self, active: list[int], x: Tensor, step: int) -> Tensor:
+        """One optimisation step of the ``active`` members (all at ``step``); returns their losses. Members whose
+        loss is non-finite are not updated."""
+        idx = None if len(active) == self.k else torch.tensor(active, device=self.device)
+        params = self._params if idx is None else [p.detach()[idx].requires_grad_() for p in self._params]
+        losses = self._losses(x, params, idx, self._hard_negatives(step))
+        losses.sum().backward()
+        losses = losses.detach()
+        finite = torch.isfinite(losses).tolist()  # one host sync per step: a failing member must not be updated
+        positions = [j for j, ok in enumerate(finite) if ok]
+        if positions:
+            update = [active[j] for j in positions]
+            self._adam(params, update, positions, step + 1, self._members[active[0]]._lr_factor(step))
+        for p in self._params:
+            p.grad = None
+        for j, ok in enumerate(finite):
+            if ok:
+                self._members[active[j]].step += 1
+            else:
+                self.failed[active[j]] = step + 1
+        return losses
+
+    def train(self, n_steps: int) -> list[dict[str, Any]]:
+        """Run up to ``n_steps`` optimisation steps of every training member; return one dict per member: the
+        keys of :meth:`Experiment.train` (``loss`` is the mean over the steps it took here, NaN if none) and
+        ``status`` ("training", "frozen" or "failed"). A member whose loss becomes non-finite is marked failed
+        (:attr:`failed`) with its state as after its last finite step; the others go on."""
+        losses = torch.full((max(n_steps, 1), self.k), float("nan"), device=self.device, dtype=self.dtype)
+        counts = [0] * self.k
+        done = 0
+        while done < n_steps and self.active:
+            active = self.active
+            step = self._members[active[0]].step
+            before = [self._members[i].data_rng.get_state() for i in active]
+            keys = range(step, step + n_steps - done)
+            with Prefetcher(lambda s, a=active: self._draw(a, s), keys, enabled=self._prefetch) as batches:
+                for x, states in batches:
+                    row = self._train_step(active, x, step)
+                    losses[done, torch.tensor(active, device=self.device)] = row
+                    done, step = done + 1, step + 1
+                    for i in active:
+                        counts[i] += i not in self.failed
+                    if any(i in self.failed for i in active):
+                        break
+                    before = states
+            if self.active != active:  # a member failed: back to its state before that step; rewind the others'
+                for j, i in enumerate(active):  # generators past what the sampler drew ahead
+                    self._members[i].data_rng.set_state(before[j] if i in self.failed else states[j])
+        out = []
+        for i, m in enumerate(self._members):
+            status = "failed" if i in self.failed else "frozen" if i in self.frozen else "training"
+            mean = float(losses[: counts[i], i].clone().mean()) if counts[i] else float("nan")
+            factor = m._lr_factor(m.step - 1) if m.step else 1.0
+            out.append(
+                {
+                    "step": m.step,
+                    "samples_seen": m.step * self.configs[i].batch_size,
+                    "loss": mean,
+                    "lr_now": self.configs[i].lr * factor,
+                    "status": status,
+                }
+            )
+        return out
+
+    # ------------------------------------------------------------ evaluation
+    def lambda_hat(self) -> Tensor | None:
+        """Each member's Λ̂ ``(k, d)`` (learned or fixed), or None for InfoNCE."""
+        if self._learn_lambda:
+            return F.softplus(self._params[-1]).detach()
+        return None if self._fixed_lambda is None else self._fixed_lambda.clone()
+
+    def evaluate(self, members: Sequence[int] | None = None) -> list[dict[str, Any]]:
+        """:meth:`Experiment.evaluate` of each member (all, or those listed), in order: the same dict a solo run
+        with the same weights returns."""
+        out = []
+        for i in range(self.k) if members is None else members:
+            self._scatter(i, optimizer=False)
+            out.append(self._members[i].evaluate())
+        return out

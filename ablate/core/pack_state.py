@@ -1,0 +1,167 @@
+"""The state side of a pack (:class:`ablate.core.pack.PackedExperiment`): stacking the members' parameters and
+Adam moments from their :class:`~ablate.core.experiment.Experiment` objects and back, and the pack's state dict.
+
+Each member keeps an ``Experiment`` of its own: its g, data stream and initialisation come from there, its
+evaluation runs there, and its solo state is written from there, so a member's state is exactly the format a
+solo run writes. The pack copies a member's slices into it only when they are asked for.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ablate.config import RunConfig
+from ablate.core.experiment import Experiment
+
+__all__ = ["PACK_FORMAT", "PackState"]
+
+#: Version of :meth:`PackState.state_dict`'s layout.
+PACK_FORMAT = 1
+
+
+class PackState:
+    """Stacked state of k members; the base of :class:`~ablate.core.pack.PackedExperiment`.
+
+    Attributes (set by the subclass): ``configs``, ``k``, ``_members`` (one Experiment per member),
+    ``_learn_lambda``, ``_names`` (the stacked tensors' names: the encoder's parameters, then ``theta``),
+    ``frozen`` and ``failed``; this class keeps ``_params``, ``_exp_avg`` and ``_exp_avg_sq`` (lists of
+    ``(k, …)`` tensors in ``_names``' order).
+    """
+
+    configs: list[RunConfig]
+    k: int
+    frozen: set[int]
+    failed: dict[int, int]
+    _members: list[Experiment]
+    _learn_lambda: bool
+    _names: list[str]
+    _params: list[Tensor]
+    _exp_avg: list[Tensor]
+    _exp_avg_sq: list[Tensor]
+
+    @property
+    def active(self) -> list[int]:
+        """Indices of the members still training (neither frozen nor failed)."""
+        return [i for i in range(self.k) if i not in self.frozen and i not in self.failed]
+
+    @property
+    def steps(self) -> list[int]:
+        """Training steps done by each member."""
+        return [m.step for m in self._members]
+
+    def _member_params(self, i: int) -> list[torch.nn.Parameter]:
+        m = self._members[i]
+        return [*m.encoder.parameters(), *([m.loss.theta] if self._learn_lambda else [])]
+
+    def _gather(self) -> None:
+        """Stack the members' parameters and Adam moments (from their Experiment objects) into the pack's."""
+        with torch.no_grad():
+            per_member = [self._member_params(i) for i in range(self.k)]
+            self._params = [torch.stack([ps[j] for ps in per_member]).requires_grad_() for j in range(len(self._names))]
+            self._exp_avg, self._exp_avg_sq = [], []
+            for j, p in enumerate(self._params):
+                for key, out in (("exp_avg", self._exp_avg), ("exp_avg_sq", self._exp_avg_sq)):
+                    states = [self._members[i].optimizer.state.get(per_member[i][j], {}) for i in range(self.k)]
+                    out.append(torch.stack([s[key] if key in s else torch.zeros_like(p[0]) for s in states]))
+        self._check_steps()
+
+    def _check_steps(self) -> None:
+        steps = {self._members[i].step for i in self.active}
+        if len(steps) > 1:
+            raise ValueError(f"the training members of a pack must be at one step, got steps {sorted(steps)}")
+
+    def _scatter(self, i: int, *, optimizer: bool) -> None:
+        """Copy member ``i``'s slices into its Experiment (weights; with ``optimizer``, also Adam's state)."""
+        m = self._members[i]
+        params = self._member_params(i)
+        with torch.no_grad():
+            for p, stacked in zip(params, self._params):
+                p.copy_(stacked[i])
+        if not optimizer:
+            return
+        m.optimizer.state.clear()
+        if m.step:
+            scalar = torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32  # Adam's
+            for j, p in enumerate(params):
+                m.optimizer.state[p] = {
+                    "step": torch.tensor(float(m.step), dtype=scalar),
+                    "exp_avg": self._exp_avg[j][i].clone(),
+                    "exp_avg_sq": self._exp_avg_sq[j][i].clone(),
+                }
+        factor = m._lr_factor(m.step - 1) if m.step else 1.0
+        for group in m.optimizer.param_groups:
+            group["lr"] = group["base_lr"] * factor
+
+    # ----------------------------------------------------------- persistence
+    def _stacks(self) -> tuple[tuple[str, list[Tensor]], ...]:
+        return (("params", self._params), ("exp_avg", self._exp_avg), ("exp_avg_sq", self._exp_avg_sq))
+
+    def member_state_dict(self, i: int) -> dict[str, Any]:
+        """Member ``i``'s state exactly as its solo :meth:`Experiment.state_dict` writes it (copies)."""
+        self._scatter(i, optimizer=True)
+        return _clone(self._members[i].state_dict())
+
+    def state_dict(self, *, include_members: bool = True) -> dict[str, Any]:
+        """The stacked state (weights, Adam moments, per-member step, data generator, frozen and failed members)
+        and, with ``include_members``, each member's solo state (``state["members"][i]`` loads into
+        ``Experiment(configs[i])``). Loadable with ``torch.load(..., weights_only=True)``."""
+        state = {
+            "format": PACK_FORMAT,
+            "configs": [c.model_dump(mode="json") for c in self.configs],
+            "steps": self.steps,
+            "data_rng": [m.data_rng.get_state() for m in self._members],
+            "frozen": sorted(self.frozen),
+            "failed": [[i, s] for i, s in sorted(self.failed.items())],
+            "stacked": {key: {n: t.detach().clone() for n, t in zip(self._names, ts)} for key, ts in self._stacks()},
+        }
+        if include_members:
+            state["members"] = [self.member_state_dict(i) for i in range(self.k)]
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s output, or build the pack from its members' solo states:
+        ``{"members": [Experiment.state_dict(), …], "frozen": [indices], "failed": [[index, step], …]}`` (the last
+        two optional; the members that train on must be at one step)."""
+        n = len(state["configs"] if "stacked" in state else state["members"])
+        if n != self.k:
+            raise ValueError(f"checkpoint holds {n} pack members, this pack has {self.k}")
+        if "stacked" not in state:
+            for m, member_state in zip(self._members, state["members"]):
+                m.load_state_dict(member_state)
+        else:
+            for i, saved in enumerate(state["configs"]):
+                config = RunConfig.model_validate({k: v for k, v in saved.items() if k in RunConfig.model_fields})
+                if config.science() != self.configs[i].science():
+                    raise ValueError(f"checkpoint member {i} was written by a run with a different configuration")
+            for m, step, rng in zip(self._members, state["steps"], state["data_rng"]):
+                m.step = int(step)
+                m.data_rng.set_state(rng.cpu())
+        self.frozen = {int(i) for i in state.get("frozen", [])}
+        self.failed = {int(i): int(s) for i, s in state.get("failed", [])}
+        if "stacked" not in state:
+            self._gather()
+            return
+        stacked = state["stacked"]
+        with torch.no_grad():
+            for key, tensors in self._stacks():
+                for name, t in zip(self._names, tensors):
+                    t.copy_(stacked[key][name])
+        self._check_steps()
+
+
+def _clone(tree: Any) -> Any:
+    """A copy of a nested state (dicts, lists, tensors) that later training cannot change; a module state's
+    ``_metadata`` is kept."""
+    if isinstance(tree, Tensor):
+        return tree.detach().clone()
+    if isinstance(tree, dict):
+        out = type(tree)((k, _clone(v)) for k, v in tree.items())
+        if hasattr(tree, "_metadata"):
+            out._metadata = tree._metadata
+        return out
+    if isinstance(tree, list | tuple):
+        return type(tree)(_clone(v) for v in tree)
+    return tree
