@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from ablate.config import RunConfig
+from ablate.core.batched import pack_loss
 from ablate.core.experiment import Experiment
 from ablate.core.pack import PackedExperiment
 from ablate.core.pack_fields import MEMBER_FIELDS, SHAPE_FIELDS, can_pack, pack_groups, pack_signature
@@ -286,3 +287,21 @@ def test_member_state_loads_into_experiment_and_continues_solo():
         reference, (_, second) = solo(config, [7, 5])
         assert_results(continued, second, TOL)
         assert exp.data_rng.get_state().equal(reference.data_rng.get_state())
+
+
+@pytest.mark.parametrize("variant", ["aninfonce", "infonce"])
+def test_plain_loss_path_equals_the_solo_loss(variant):
+    """Without a gradient (and on a GPU) the packed loss builds each member's logits matrix instead of the fused
+    row blocks; it must give each member's solo loss (float32: within rounding)."""
+    cfgs = configs(variant)
+    pack = PackedExperiment(cfgs)
+    h = torch.nn.functional.normalize(torch.randn(3, 2 * SMALL["batch_size"], SMALL["latent_dim"]), dim=-1)
+    b = SMALL["batch_size"]
+    lam = pack.lambda_hat()
+    with torch.no_grad():
+        packed = pack_loss(variant, h[:, :b], h[:, b:], None, lam=lam, tau=pack._tau, inv_tau=pack._inv_tau)
+        for i, config in enumerate(cfgs):
+            solo_loss = Experiment(config).loss
+            if lam is not None:
+                solo_loss.theta.copy_(pack._params[-1][i])
+            assert float(packed[i]) == pytest.approx(float(solo_loss(h[i, :b], h[i, b:])), rel=1e-6)
