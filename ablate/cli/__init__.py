@@ -80,6 +80,8 @@ def cmd_show(args: argparse.Namespace) -> int:
     print(f"figure: {grid.figure}")
     print(f"description: {grid.description.strip()}")
     print(f"search: {grid.search}; trials: {grid.n_trials}; cost: {grid.cost_steps():,} trial-samples")
+    if grid.scale_preset:
+        print(f"preset: {grid.scale_preset} (the {grid.scale} scale starts from it; its own base and stop win)")
     print("base:")
     for k, v in grid.base.items():
         print(f"  {k}: {v}")

@@ -38,7 +38,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from ablate.config import ConfigError, RunConfig, did_you_mean, unknown_setting
-from ablate.service.specs import DEFAULT_SCALE, SCALES, GridFile, parse_spec, read_yaml, spec_error
+from ablate.service.presets import scale_presets
+from ablate.service.specs import DEFAULT_SCALE, SCALES, STOP_KEYS, GridFile, parse_spec, read_yaml, spec_error
 from ablate.shipped import SEARCH_SPACES, shipped_files
 
 __all__ = [
@@ -142,6 +143,7 @@ class Grid:
     chosen: list[dict[str, Any]] = field(default_factory=list)
     paper_values: dict[str, Any] = field(default_factory=dict)
     preset: str | None = None  # the named preset applied on top of the base (see apply_settings)
+    scale_preset: str | None = None  # the preset the scale starts from (scales.<scale>.preset), under its base
     text: str = ""  # the YAML text the grid was read from (stored in the run marker)
 
     def apply_settings(self, settings: dict[str, Any], source: str, *, axes_win: bool) -> list[str]:
@@ -160,7 +162,7 @@ class Grid:
                 kept.append(key)
                 continue
             self.axes.pop(key, None)
-            (self.stop if key in ("max_steps", "target_r2") else self.base)[key] = copy.deepcopy(value)
+            (self.stop if key in STOP_KEYS else self.base)[key] = copy.deepcopy(value)
         self.trials  # noqa: B018 - re-validate every trial with the new settings
         return kept
 
@@ -358,8 +360,9 @@ def grid_from_text(text: str, scale: str, path: str | Path) -> Grid:
     if scale not in SCALES:
         raise GridError(f"{path}: scales: unknown scale {scale!r}; allowed: {', '.join(SCALES)}")
     spec = parse_spec(GridFile, data, path, GridError)
+    preset = scale_presets(spec.scales, path, GridError).get(scale)
     try:
-        at = spec.at_scale(scale)
+        at = spec.at_scale(scale, preset.settings if preset else None)
     except ValidationError as exc:
         raise spec_error(exc, path, GridError) from None
     grid = Grid(
@@ -377,6 +380,7 @@ def grid_from_text(text: str, scale: str, path: str | Path) -> Grid:
         optuna=at.optuna,
         chosen=list(spec.chosen or []),
         paper_values=dict(spec.paper_values or {}),
+        scale_preset=preset.name if preset else None,
         text=text,
     )
     try:

@@ -16,6 +16,7 @@ RunConfig defaults.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ from ablate.config import ConfigError, RunConfig, did_you_mean
 from ablate.service.specs import Spec, parse_spec, read_yaml, unknown_settings
 from ablate.shipped import PRESETS, shipped_files
 
-__all__ = ["Preset", "PresetError", "PresetFile", "known_presets", "load_preset"]
+__all__ = ["Preset", "PresetError", "PresetFile", "known_presets", "load_preset", "scale_presets"]
 
 
 class PresetFile(Spec):
@@ -96,3 +97,16 @@ def load_preset(name_or_path: str) -> Preset:
         settings=dict(spec.settings),
         measured=spec.measured,
     )
+
+
+def scale_presets(scales: dict[str, Any], source: str | os.PathLike, error: type[Exception]) -> dict[str, Preset]:
+    """The preset each scale of a grid names (``scales.<scale>.preset``), by scale; one that does not load raises
+    ``error`` naming ``source`` and the key."""
+    out = {}
+    for scale, over in scales.items():
+        if over.preset is not None:
+            try:
+                out[scale] = load_preset(over.preset)
+            except PresetError as exc:
+                raise error(f"{source}: scales.{scale}.preset: {exc}") from None
+    return out

@@ -8,6 +8,7 @@ pydantic model, and every problem becomes one error naming the file, the key pat
 
 from __future__ import annotations
 
+import copy
 import os
 from pathlib import Path
 from typing import Any, Literal
@@ -19,6 +20,7 @@ from ablate.config import RunConfig, unknown_setting, yaml_loader
 __all__ = [
     "DEFAULT_SCALE",
     "SCALES",
+    "STOP_KEYS",
     "GridFile",
     "GridScale",
     "OptunaSpec",
@@ -32,6 +34,8 @@ __all__ = [
 #: Every grid's scales: ``smoke`` (seconds, for the tests), ``laptop`` (minutes on 2 CPU cores), ``paper`` (the
 #: papers' values and budgets, for a GPU cluster).
 SCALES = ("smoke", "laptop", "paper")
+#: The RunConfig settings a grid keeps under ``stop:`` (its stop rule) rather than ``base:``.
+STOP_KEYS = ("max_steps", "target_r2")
 #: The scale a grid runs at unless one is named (``--scale``).
 DEFAULT_SCALE = "laptop"
 _DISTRIBUTIONS = ("choice", "loguniform", "randint", "uniform")
@@ -220,6 +224,11 @@ class OptunaSpec(Spec):
 class GridScale(Spec):
     """What one scale (smoke, laptop, paper) overrides of the grid's top level."""
 
+    preset: str | None = Field(
+        default=None,
+        description="a named preset (ablate/presets/) whose settings this scale starts from, over the grid's base; "
+        "the scale's base and stop, and what the grid varies, win over it",
+    )
     base: dict[str, Any] | None = Field(default=None, description="RunConfig settings merged over the grid's base")
     axes: dict[str, Any] | None = Field(default=None, description="axes merged over the grid's axes")
     variants: list[Any] | None = Field(default=None, description="replaces the grid's variants")
@@ -282,13 +291,25 @@ class GridFile(Spec):
             raise ValueError(".name: required: a non-empty string")
         return data
 
-    def at_scale(self, scale: str) -> GridScaleResolved:
-        """The grid's settings at ``scale``: the scale's overrides merged over the top level, then validated."""
+    def at_scale(self, scale: str, preset: dict[str, Any] | None = None) -> GridScaleResolved:
+        """The grid's settings at ``scale``: the scale's overrides merged over the top level, then validated.
+
+        ``preset`` holds the settings of the preset the scale names (``scales.<scale>.preset``): they lie between
+        the top level's base and stop and the scale's, and, as with ``--preset``, a setting the grid varies (an
+        axis, a variant's setting, an Optuna dimension) keeps the grid's values.
+        """
         over = self.scales[scale]
         merged: dict[str, Any] = {}
-        for key in ("base", "axes", "stop", "optuna"):
+        for key in ("axes", "optuna"):
             merged[key] = {**(getattr(self, key) or {}), **(getattr(over, key) or {})}
         merged["variants"] = over.variants if over.variants is not None else (self.variants or [])
+        space = merged["optuna"].get("space")
+        varied = {*merged["axes"], *(space if isinstance(space, dict) else {})}
+        varied |= {k for v in merged["variants"] if isinstance(v, dict) for k in v}
+        start = {k: copy.deepcopy(v) for k, v in (preset or {}).items() if k not in varied}
+        stop = {k: start.pop(k) for k in STOP_KEYS if k in start}
+        merged["base"] = {**(self.base or {}), **start, **(over.base or {})}
+        merged["stop"] = {**(self.stop or {}), **stop, **(over.stop or {})}
         merged["seeds"] = over.seeds if over.seeds is not None else (self.seeds if self.seeds is not None else [0])
         merged["search"] = self.search
         merged["description"] = over.description if over.description is not None else self.description
@@ -354,8 +375,8 @@ class GridScaleResolved(Spec):
     @classmethod
     def _stop(cls, stop: Any) -> Any:
         for k in stop:
-            if k not in ("max_steps", "target_r2"):
-                raise ValueError(f".{k}: unknown key; allowed: max_steps, target_r2")
+            if k not in STOP_KEYS:
+                raise ValueError(f".{k}: unknown key; allowed: {', '.join(STOP_KEYS)}")
         if "max_steps" not in stop:
             raise ValueError(".max_steps: required: the number of training steps per trial")
         ms = stop["max_steps"]
