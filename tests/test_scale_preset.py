@@ -74,3 +74,20 @@ def test_show_says_which_preset_the_scale_starts_from(tmp_path, capsys):
     assert "preset: fast (the laptop scale starts from it" in capsys.readouterr().out
     assert main(["show", str(_grid(tmp_path)), "--scale", "smoke", "--no-generator"]) == 0
     assert "preset:" not in capsys.readouterr().out
+
+
+def test_shipped_grids_name_the_fast_preset_instead_of_pasting_it():
+    import yaml
+
+    from ablate.service.grids import known_grids
+
+    fast = load_preset("fast").settings
+    named = []
+    for name, path in known_grids().items():
+        for scale, over in yaml.safe_load(path.read_text())["scales"].items():
+            over = over or {}
+            pasted = sorted(k for k, v in (over.get("base") or {}).items() if fast.get(k) == v)
+            assert len(pasted) < 2, f"{name} scales.{scale}.base repeats the fast preset's {pasted}: name it"
+            if over.get("preset") == "fast":
+                named.append(name)
+    assert len(named) == 9 and "tune_aninfonce" not in named

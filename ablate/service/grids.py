@@ -16,7 +16,8 @@ A grid file holds::
              time_budget_s: optional}  # with it, ASHA's rungs (and grace_period) are seconds of training
                                        # (time_total_s), so settings compete at equal wall time; without it,
                                        # rungs count reports
-    scales:                          # each overrides any of base/axes/variants/seeds/stop/optuna
+    scales:                          # each overrides any of base/axes/variants/seeds/stop/optuna, and may
+                                     # name a preset to start from (preset: fast; under its own base/stop)
       smoke: {...}                   # seconds: the test suite runs it
       laptop: {...}                  # the default: minutes on 2 CPU cores
       paper: {...}                   # the paper's values and budgets

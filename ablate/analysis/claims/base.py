@@ -12,6 +12,7 @@ from typing import Any
 
 import pandas as pd
 
+from ablate.analysis.run import RunContext
 from ablate.analysis.stats import spearman
 from ablate.columns import r2_block_lambda
 
@@ -115,6 +116,24 @@ def _groupwise_sign(
 def _block_lambdas(df: pd.DataFrame) -> list[float]:
     """The Λ values with a per-block R² column (r2_lambda_<Λ>), ascending."""
     return sorted(lam for c in df.columns if (lam := r2_block_lambda(c)) is not None and df[c].notna().any())
+
+
+def _pct(fraction: float) -> str:
+    """A threshold given as a fraction, in a criterion's text: 0.02 → ``2 %``."""
+    return f"{fraction * 100:g} %"
+
+
+def _paper_values(ctx: RunContext, grid: str) -> dict:
+    """The paper's numbers from the grid's ``paper_values`` (their one home): the run's stored grid, else the
+    shipped grid file (a run made before its grid had them)."""
+    if ctx.paper_values:
+        return ctx.paper_values
+    from ablate.service.grids import GridError, load_grid
+
+    try:
+        return load_grid(grid, "smoke").paper_values
+    except GridError:
+        return {}
 
 
 def _variant(fin: pd.DataFrame, name: str) -> pd.DataFrame:
