@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -74,3 +75,23 @@ def test_gpu_check_without_cuda_skips_every_part_and_needs_no_ray(tmp_path):
     assert "NO_RAY" in proc.stdout
     assert (tmp_path / "gpu_check.md").read_text().startswith("# ablate GPU check: no CUDA device")
     assert json.loads((tmp_path / "gpu_check.json").read_text())["device"] == "no CUDA device"
+
+
+@pytest.mark.slow
+def test_gpu_service_runs_ray_smoke_for_real_and_says_what_it_skips_without_cuda(tmp_path):
+    """The service parts of the GPU check: the Ray smoke run is a real `ablate run --no-dashboard` (also here);
+    the GPU parts skip without CUDA and say so."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.gpu_service", str(tmp_path), "--budget", "5"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "Ray Tune runs here" in proc.stdout
+    for part in ("pack", "claim9", "claim1"):
+        assert f"no CUDA device: skipping the service's {part} part" in proc.stdout
+    (smoke,) = json.loads((tmp_path / "gpu_service.json").read_text())["ray_smoke"]
+    assert smoke["exit"] == 0 and smoke["trials_reporting"] == 4 and smoke["reports_intact"]
