@@ -8,7 +8,6 @@ pydantic model, and every problem becomes one error naming the file, the key pat
 
 from __future__ import annotations
 
-import copy
 import os
 from pathlib import Path
 from typing import Any, Literal
@@ -31,8 +30,7 @@ __all__ = [
     "unknown_settings",
 ]
 
-#: Every grid's scales: ``smoke`` (seconds, for the tests), ``laptop`` (minutes on 2 CPU cores), ``paper`` (the
-#: papers' values and budgets, for a GPU cluster).
+#: Every grid's scales: smoke (seconds, the tests), laptop (minutes on 2 CPU cores), paper (the papers' budgets).
 SCALES = ("smoke", "laptop", "paper")
 #: The RunConfig settings a grid keeps under ``stop:`` (its stop rule) rather than ``base:``.
 STOP_KEYS = ("max_steps", "target_r2")
@@ -225,9 +223,7 @@ class GridScale(Spec):
     """What one scale (smoke, laptop, paper) overrides of the grid's top level."""
 
     preset: str | None = Field(
-        default=None,
-        description="a named preset (ablate/presets/) whose settings this scale starts from, over the grid's base; "
-        "the scale's base and stop, and what the grid varies, win over it",
+        default=None, description="a preset (ablate/presets/) under the scale's base and stop and the grid's axes"
     )
     base: dict[str, Any] | None = Field(default=None, description="RunConfig settings merged over the grid's base")
     axes: dict[str, Any] | None = Field(default=None, description="axes merged over the grid's axes")
@@ -292,12 +288,9 @@ class GridFile(Spec):
         return data
 
     def at_scale(self, scale: str, preset: dict[str, Any] | None = None) -> GridScaleResolved:
-        """The grid's settings at ``scale``: the scale's overrides merged over the top level, then validated.
-
-        ``preset`` holds the settings of the preset the scale names (``scales.<scale>.preset``): they lie between
-        the top level's base and stop and the scale's, and, as with ``--preset``, a setting the grid varies (an
-        axis, a variant's setting, an Optuna dimension) keeps the grid's values.
-        """
+        """The grid's settings at ``scale``, validated: over the top level, the settings of the scale's ``preset``,
+        then the scale's overrides; as with ``--preset``, what the grid varies (axes, variants, Optuna) keeps its
+        values."""
         over = self.scales[scale]
         merged: dict[str, Any] = {}
         for key in ("axes", "optuna"):
@@ -306,7 +299,7 @@ class GridFile(Spec):
         space = merged["optuna"].get("space")
         varied = {*merged["axes"], *(space if isinstance(space, dict) else {})}
         varied |= {k for v in merged["variants"] if isinstance(v, dict) for k in v}
-        start = {k: copy.deepcopy(v) for k, v in (preset or {}).items() if k not in varied}
+        start = {k: v for k, v in (preset or {}).items() if k not in varied}
         stop = {k: start.pop(k) for k in STOP_KEYS if k in start}
         merged["base"] = {**(self.base or {}), **start, **(over.base or {})}
         merged["stop"] = {**(self.stop or {}), **stop, **(over.stop or {})}
