@@ -7,6 +7,7 @@ API does the job, so a Ray upgrade is checked here and nowhere else. Nothing her
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import json
 import logging
 import os
@@ -19,22 +20,32 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 __all__ = [
+    "DICT_CHECKPOINT_FILE",
     "EXPERIMENT_STATE_PREFIX",
     "EXPERIMENT_STATE_RE",
     "SEARCHER_FILES",
     "SNAPSHOT_FILES",
+    "Terminated",
+    "TUNER_FILE",
+    "checkpoint_to_restore",
     "dashboard_url",
     "graceful_interrupt",
     "hide_full_disk_tracebacks",
     "json_encoder",
     "live_clusters",
+    "new_auth_token",
     "parse_experiment_state",
     "refresh_auth_config",
+    "reopen_trials",
     "refuse_silent_restart",
     "set_tune_environment",
     "quiet_exit_on_sigterm",
+    "reclaim_sigterm",
     "snapshot_paths",
+    "tracked_checkpoints",
     "trial_folder",
+    "training_result",
+    "unpickled_on_restore",
 ]
 
 # ------------------------------------------------------------------ Tune's experiment snapshot (file formats)
@@ -53,32 +64,111 @@ SNAPSHOT_FILES = {
 }
 #: One of these must exist for a session to be resumable (its search algorithm's state).
 SEARCHER_FILES = ("basic-variant-state-{}.json", "search_gen_state-{}.json")
+#: Ray's pickled Tuner in the run directory: ``Tuner.restore`` unpickles it first (ray/tune/impl/tuner_internal).
+TUNER_FILE = "tuner.pkl"
+#: A class Trainable's checkpoint that Ray 2.60 unpickles on restore when the folder holds it
+#: (``ray.tune.trainable.trainable._DICT_CHECKPOINT_FILE_NAME``); ablate's checkpoints never do.
+DICT_CHECKPOINT_FILE = "_dict_checkpoint.pkl"
+
+
+def unpickled_on_restore(name: str) -> bool:
+    """Whether Ray 2.60 may unpickle a file with this name at the root of a run directory when it resumes it.
+
+    ``Tuner.restore`` unpickles ``tuner.pkl``; ``TuneController.resume`` and ``ExperimentAnalysis`` decode the
+    newest ``experiment_state-*.json`` with ``_loads_with_cloudpickle`` (its trials are cloudpickled, hex in
+    JSON); then Ray copies every root ``.json``/``.pkl`` into its staging folder and the search algorithm and
+    callbacks load the newest file of each :data:`SNAPSHOT_FILES` template with cloudpickle/pickle.
+    """
+    return name == TUNER_FILE or any(fnmatch.fnmatchcase(name, t.format("*")) for t in SNAPSHOT_FILES)
 
 
 def parse_experiment_state(text: str) -> dict[str, dict[str, Any]]:
-    """trial_id → {status, params, failures} from the JSON fields of a Ray Tune experiment snapshot.
+    """trial_id → {status, params, config, failures, iteration} from the JSON fields of an experiment snapshot.
 
     Ray has no public reader for a run that is still going (``ExperimentAnalysis`` unpickles trials): its
     ``trial_data`` is a list of ``[trial JSON, runtime metadata JSON]`` pairs. Only those JSON fields are read.
     """
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError:
-        return {}
     out = {}
-    for entry in data.get("trial_data", []) if isinstance(data, dict) else []:
-        try:
-            info = json.loads(entry[0])
-            meta = json.loads(entry[1]) if len(entry) > 1 else {}
-        except (TypeError, IndexError, json.JSONDecodeError):
-            continue
+    for info, meta in _trial_data(_json_or_empty(text)):
         out[info["trial_id"]] = {
             "status": info.get("status", "UNKNOWN"),
             "params": info.get("evaluated_params", {}),
             "config": info.get("config") if isinstance(info.get("config"), dict) else {},
             "failures": meta.get("num_failures", 0),
+            "iteration": _last_iteration(meta),
         }
     return out
+
+
+def _last_iteration(meta: dict[str, Any]) -> int | None:
+    """``training_iteration`` of the trial's last result as Ray recorded it (plain JSON in its run metadata)."""
+    it = (meta.get("last_result") or {}).get("training_iteration")
+    return it if isinstance(it, int) else None
+
+
+def _trial_data(data: Any) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
+    for entry in data.get("trial_data", []) if isinstance(data, dict) else []:
+        with contextlib.suppress(TypeError, IndexError, json.JSONDecodeError):
+            yield json.loads(entry[0]), json.loads(entry[1]) if len(entry) > 1 else {}
+
+
+def tracked_checkpoints(text: str) -> dict[str, set[str]]:
+    """trial_id → the checkpoint folder names Ray tracks (and deletes as newer ones come), from a snapshot's text.
+
+    They live in the trial's pickled ``_CheckpointManager`` (hex in the JSON): its opcodes are walked with
+    :mod:`pickletools`, which executes nothing, keeping the string arguments that name ``…/checkpoint_N``.
+    """
+    import pickletools
+
+    out: dict[str, set[str]] = {}
+    for info, meta in _trial_data(_json_or_empty(text)):
+        manager = meta.get("checkpoint_manager")
+        names = out.setdefault(info.get("trial_id"), set())
+        with contextlib.suppress(Exception):  # a damaged pickle: nothing tracked that can be named
+            for _op, arg, _pos in pickletools.genops(bytes.fromhex(manager["value"])):
+                if isinstance(arg, str) and re.search(r"(^|/)checkpoint_\d+$", arg):
+                    names.add(arg.rsplit("/", 1)[-1])
+    return out
+
+
+def reopen_trials(text: str, trial_ids: set[str]) -> str:
+    """The snapshot ``text`` with these trials set to PENDING, so that a resume runs them again from their
+    checkpoint (Ray 2.60 skips TERMINATED trials; ``status`` is a plain field of each trial's JSON)."""
+    data = json.loads(text)
+    for entry in data["trial_data"]:
+        info = json.loads(entry[0])
+        if info.get("trial_id") in trial_ids:
+            info["status"] = "PENDING"
+            entry[0] = json.dumps(info, indent=2)
+    return json.dumps(data, indent=2)
+
+
+def _json_or_empty(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return {}
+
+
+# ------------------------------------------------------------------ a class Trainable's restore
+def checkpoint_to_restore(request: Any) -> tuple[str | None, dict[str, Any]]:
+    """(local folder, metrics) of what Ray 2.60 hands ``Trainable.restore``: a ``_TrainingResult``
+    (ray.train._internal.session) whose metrics set Ray's iteration and time counters. None for a folder on
+    remote storage."""
+    if isinstance(request, str):
+        return request, {}
+    checkpoint = getattr(request, "checkpoint", request)
+    if getattr(getattr(checkpoint, "filesystem", None), "type_name", None) != "local":
+        return None, {}
+    return checkpoint.path, dict(getattr(request, "metrics", None) or {})
+
+
+def training_result(folder: str, metrics: dict[str, Any]) -> Any:
+    """The ``Trainable.restore`` request for the checkpoint in the local ``folder`` with these ``metrics``."""
+    from ray.train._internal.session import _TrainingResult
+    from ray.tune import Checkpoint
+
+    return _TrainingResult(checkpoint=Checkpoint.from_directory(folder), metrics=metrics)
 
 
 # ------------------------------------------------------------------ Tune's storage context (callbacks)
@@ -87,7 +177,9 @@ def snapshot_paths(trials: list) -> tuple[str, str] | None:
 
     Ray writes the snapshot whole into ``StorageContext.experiment_driver_staging_path`` and copies it to
     ``experiment_fs_path`` in the background; ablate backs up the staging copy (ablate.service.snapshots).
-    These attributes of ``trial.storage`` are internal to Ray Train's StorageContext.
+    These attributes of ``trial.storage`` are internal to Ray Train's StorageContext. ablate signs the staging
+    copy from ``Callback.get_state``, which Ray 2.60's ``TuneController.save_to_dir`` calls after writing the
+    experiment and search algorithm state and before the copy starts (ablate.service.trust).
     """
     storage = trials[0].storage
     if storage.storage_filesystem.type_name != "local":
@@ -152,37 +244,60 @@ def refuse_silent_restart(on_failure: Callable[[BaseException | None], None]) ->
 
 
 # ------------------------------------------------------------------ Ctrl-C: Tune's graceful stop, and knowing it fired
+class Terminated(KeyboardInterrupt):
+    """SIGTERM asked ``ablate run`` to stop at once (a second SIGTERM, or one outside Tune's graceful stop): what
+    KeyboardInterrupt is to Ctrl-C, so the same cleanup runs; the command then exits 143 instead of 130."""
+
+
+def reclaim_sigterm() -> None:
+    """Give SIGTERM back to Python's handler after ``ray.init``.
+
+    Ray 2.60's core worker installs its C++ crash handler (absl's failure signal handler) for SIGTERM in the
+    driver: a batch scheduler's SIGTERM then dumps a stack and aborts (exit 134), and ``signal.getsignal`` cannot
+    see the change. Setting Python's handler again (the CLI's, or the default: plain termination) undoes it.
+    Main thread only; elsewhere nothing changes.
+    """
+    if threading.current_thread() is threading.main_thread():
+        handler = signal.getsignal(signal.SIGTERM)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if handler is None else handler)
+
+
 @contextlib.contextmanager
-def graceful_interrupt() -> Iterator[Callable[[], bool]]:
-    """While Tune runs, turn the first Ctrl-C into Tune's graceful stop and remember that it happened.
+def graceful_interrupt() -> Iterator[Callable[[], int]]:
+    """While Tune runs, turn the first Ctrl-C or SIGTERM into Tune's graceful stop and remember which it was.
 
     Ray Tune 2.60 stops a run gracefully (last snapshot saved, trials left resumable) on SIGINT or SIGUSR1
     (``ray.tune.tune._setup_signal_catching``), but only logs that it did: ``Tuner.fit`` returns as after a
     finished run. Here ``TUNE_DISABLE_SIGINT_HANDLER=1`` (a documented Tune env variable) keeps Tune off
     SIGINT; ablate's handler records the interrupt and sends this process SIGUSR1, which Tune always handles
     the same way. A second Ctrl-C raises KeyboardInterrupt (skipping Tune's last snapshot, as Tune's own
-    handler does). Yields a function that says whether the run was interrupted. Main thread only: elsewhere
-    signals cannot be handled and nothing changes.
+    handler does). SIGTERM, what a batch scheduler sends before it preempts a job, is handled the same way
+    (a second one raises :class:`Terminated`). Yields a function that returns the signal that interrupted the
+    run (``signal.SIGINT`` or ``signal.SIGTERM``), or 0. Main thread only: elsewhere signals cannot be handled
+    and nothing changes.
     """
     if threading.current_thread() is not threading.main_thread():
-        yield lambda: False
+        yield lambda: 0
         return
-    fired = threading.Event()
+    received: list[int] = []
 
-    def on_sigint(sig: int, frame: Any) -> None:
-        if fired.is_set():
-            raise KeyboardInterrupt
-        fired.set()
+    def on_signal(sig: int, frame: Any) -> None:
+        if received:
+            raise Terminated if sig == signal.SIGTERM else KeyboardInterrupt
+        received.append(sig)
         os.kill(os.getpid(), signal.SIGUSR1)
 
-    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGUSR1)}
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
     env_before = os.environ.get("TUNE_DISABLE_SIGINT_HANDLER")
     os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
-    signal.signal(signal.SIGINT, on_sigint)
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
     try:
-        yield fired.is_set
+        yield lambda: received[0] if received else 0
     finally:
         for sig, handler in before.items():
+            if handler is None and sig == signal.SIGTERM:
+                handler = signal.SIG_DFL  # Ray's C++ handler (see reclaim_sigterm): never leave ours behind
             if handler is not None:  # None: a handler not set from Python, which cannot be put back
                 signal.signal(sig, handler)
         if env_before is None:
@@ -284,6 +399,18 @@ def refresh_auth_config() -> None:
         Config.initialize("")
     except (ImportError, AttributeError):
         pass
+
+
+def new_auth_token() -> str:
+    """A new dashboard auth token in Ray's own format
+    (``ray._private.authentication.authentication_token_generator``; 256 random bits as hex in Ray 2.60)."""
+    try:
+        from ray._private.authentication.authentication_token_generator import generate_new_authentication_token
+    except ImportError:  # pragma: no cover - the module moved: the same format
+        import secrets
+
+        return secrets.token_hex(32)
+    return generate_new_authentication_token()
 
 
 def live_clusters() -> set[str]:

@@ -17,39 +17,53 @@ Layout of a run directory::
     optuna.db                  an Optuna grid's study (OPTUNA_DB, SQLite)
     report.html                the report (REPORT_FILE)
     ablate_interrupted.json    present while a run stopped by Ctrl-C waits for --resume (INTERRUPTED_FILE)
+    ablate_driver.lock         locked by the live `ablate run` writing the run: pid, host, start (DRIVER_LOCK)
+    trial_<id>/pack.json       a pack trial's folder (checkpoints of its members' stacked state): members' ids
+    trial_<id>-m<i>/           member i of a pack: params.json and result.json like a trial's (no checkpoints)
+    ablate_signatures.hmac     HMACs of the files Ray unpickles on --resume (SIGNATURES_FILE, ablate.signing)
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ablate import ray_compat
+from ablate.pidlock import lock_holder
 
 __all__ = [
     "BEST_CONFIG_FILE",
+    "DRIVER_LOCK",
     "INTERRUPTED",
     "INTERRUPTED_FILE",
     "MARKER_TIME_FORMAT",
     "OPTUNA_DB",
+    "PACK_FILE",
     "PARAMS_FILE",
     "REPORT_FILE",
     "RESULT_FILE",
     "RUN_MARKER",
+    "SIGNATURES_FILE",
     "TRIAL_PREFIX",
     "RunError",
     "RunReader",
+    "WriteError",
     "atomic_write",
+    "check_run_name",
     "check_writable",
     "is_remote",
+    "member_id",
     "optuna_storage_url",
     "read_marker",
     "remove_file",
     "resolve_run_dir",
     "run_name",
+    "sweep_stale_temps",
     "write_text",
 ]
 
@@ -73,12 +87,28 @@ OPTUNA_DB = "optuna.db"
 REPORT_FILE = "report.html"
 #: Trial folders are named ``trial_<trial id>``.
 TRIAL_PREFIX = "trial_"
+#: Marks a pack trial's folder (its members' ids and grid points); readers list its members, not the folder.
+PACK_FILE = "pack.json"
+#: The param key of a pack trial's members (their grid points), as ablate.service.grids writes it.
+_PACK_KEY = "pack"
 #: Written when Ctrl-C stopped a run (the trials it stopped, the resume command); removed when --resume starts.
 INTERRUPTED_FILE = "ablate_interrupted.json"
+#: The driver's lock (ablate.pidlock): `ablate run` holds it for its whole life; no lock held = no live driver.
+DRIVER_LOCK = "ablate_driver.lock"
+#: ablate's signatures of the files Ray unpickles on --resume (tuner.pkl, the experiment snapshots): JSON of
+#: file name -> HMAC-SHA256 digests (ablate.signing, ablate.service.trust). Not ``.json``: after a resume Ray
+#: copies every ``.json``/``.pkl`` of the run directory into its staging folder and back at each snapshot,
+#: which would put a stale copy over the one ablate keeps current.
+SIGNATURES_FILE = "ablate_signatures.hmac"
 #: The status ablate shows for a trial that a Ctrl-C stopped before it finished (Ray's snapshot says RUNNING).
 INTERRUPTED = "INTERRUPTED"
-#: Ray's statuses of a trial that has not finished.
-_UNFINISHED = ("RUNNING", "PENDING", "PAUSED")
+#: Ray's statuses of a trial that started and has not finished (PENDING: it never started).
+_UNFINISHED = ("RUNNING", "PAUSED")
+
+
+def member_id(trial_id: str, index: int) -> str:
+    """The trial id of member ``index`` of the pack trial ``trial_id`` (its folder is ``trial_<member id>``)."""
+    return f"{trial_id}-m{index}"
 
 
 class RunError(RuntimeError):
@@ -95,13 +125,25 @@ def _local(uri: str | os.PathLike) -> Path:
     return Path(str(uri).removeprefix("file://"))
 
 
+def check_run_name(name: str) -> str:
+    """``name`` if it is one folder name (no ``/`` or ``\\``, not empty, ``.`` or ``..``), else :class:`RunError`:
+    a run lives directly in its storage, never outside it."""
+    if not name or name in (".", "..") or any(c in name for c in "/\\\0"):
+        raise RunError(
+            f"run name {name!r}: a run name is one folder name inside --storage (not empty, '.' or '..', "
+            "no '/' or '\\'); choose another --name"
+        )
+    return name
+
+
 def run_name(grid: str, scale: str, preset: str | None = None) -> str:
     """A run's name when ``--name`` is not given: ``<grid>-<scale>``, or ``<grid>-<scale>-<preset>``."""
     return f"{grid}-{scale}" + (f"-{preset}" if preset else "")
 
 
 def resolve_run_dir(storage: str, name: str) -> str:
-    """``<storage>/<name>`` (local paths made absolute)."""
+    """``<storage>/<name>`` (local paths made absolute); ``name`` must be one folder name (:func:`check_run_name`)."""
+    check_run_name(name)
     if is_remote(storage):
         return storage.rstrip("/") + "/" + name
     return str(_local(storage).expanduser().resolve() / name)
@@ -112,13 +154,42 @@ def optuna_storage_url(run_dir: str | os.PathLike) -> str:
     return f"sqlite:///{_local(run_dir).resolve() / OPTUNA_DB}"
 
 
+class WriteError(OSError):
+    """A file could not be written (a full disk, a read-only folder, no permission): ``cannot write <file>
+    (<reason>)``. An OSError (``errno``, ``strerror``; ``filename`` is the file meant, not a temporary), so
+    code that tolerates a failed write goes on tolerating it; the original OSError is its ``__cause__``."""
+
+    def __str__(self) -> str:
+        return f"cannot write {self.filename} ({self.strerror})"
+
+    @classmethod
+    def of(cls, path: str | os.PathLike, exc: OSError) -> WriteError:
+        """The WriteError of ``exc`` raised while writing ``path`` (pyarrow's OSErrors carry errno in the text)."""
+        found = re.search(r"Detail: \[errno (\d+)\] (.+)$", exc.strerror or str(exc))
+        if found:
+            return cls(int(found[1]), found[2], str(path))
+        return cls(exc.errno, exc.strerror or str(exc), str(path))
+
+
+#: Temporary files of :func:`atomic_write` are named ``.<name>.tmp-<pid>`` (swept at resume once <pid> is dead).
+_TEMP_FILE = re.compile(r"^\..+\.tmp-(?P<pid>\d+)$")
+
+
 def atomic_write(path: str | os.PathLike, write: Callable[[Path], Any]) -> None:
     """Call ``write(tmp)`` on a temporary name beside ``path``, then rename it into place, so a reader (or a
-    resume after a kill) sees the old file or the new one, never half of one."""
+    resume after a kill) sees the old file or the new one, never half of one. On any failure the temporary
+    file is removed; an OSError (full disk, read-only folder) becomes a :class:`WriteError` naming ``path``."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    write(tmp)
-    os.replace(tmp, path)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise WriteError.of(path, exc) from exc
+        raise
 
 
 def write_text(target: str | os.PathLike, text: str) -> str:
@@ -133,9 +204,46 @@ def write_text(target: str | os.PathLike, text: str) -> str:
             f.write(text.encode())
         return target
     path = _local(target)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise WriteError.of(path, exc) from exc
     atomic_write(path, lambda p: p.write_text(text, encoding="utf-8"))
     return target
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def sweep_stale_temps(run_dir: str | os.PathLike, folders: tuple[str, ...] = ()) -> list[str]:
+    """Remove the temporaries that writers killed on this machine left in a local run directory: files
+    ``.<name>.tmp-<pid>`` (:func:`atomic_write`) anywhere in it, and ``tmp-<pid>`` folders directly in each of
+    ``folders`` (e.g. ablate.service.snapshots.BACKUP_DIR), where process <pid> no longer exists. A live
+    writer's temporary is kept. Returns the removed paths, relative to ``run_dir``."""
+    import shutil
+
+    if is_remote(run_dir):
+        return []
+    root, removed = _local(run_dir), []
+    for folder, dirs, files in os.walk(root):
+        base = Path(folder)
+        for name in [n for n in files if (m := _TEMP_FILE.match(n)) and not _pid_alive(int(m["pid"]))]:
+            with contextlib.suppress(OSError):
+                (base / name).unlink()
+                removed.append(str((base / name).relative_to(root)))
+        if base.parent == root and base.name in folders:
+            for name in [n for n in dirs if n.startswith("tmp-") and n[4:].isdigit() and not _pid_alive(int(n[4:]))]:
+                shutil.rmtree(base / name, ignore_errors=True)
+                dirs.remove(name)
+                removed.append(str((base / name).relative_to(root)))
+    return sorted(removed)
 
 
 def remove_file(target: str | os.PathLike) -> None:
@@ -156,13 +264,15 @@ def check_writable(storage: str) -> None:
     if is_remote(storage):
         return
     root = _local(storage).expanduser()
+    probe = root / f".ablate-write-test-{os.getpid()}"
     try:
         root.mkdir(parents=True, exist_ok=True)
-        probe = root / f".ablate-write-test-{os.getpid()}"
         probe.write_text("ok")
-        probe.unlink()
     except OSError as exc:
         raise RunError(f"storage {root}: not writable ({exc.strerror}); choose another --storage") from None
+    finally:
+        with contextlib.suppress(OSError):
+            probe.unlink(missing_ok=True)
 
 
 class RunReader:
@@ -218,8 +328,8 @@ class RunReader:
         return self._entries(prefix, directories=False)
 
     def trial_dirs(self) -> list[str]:
-        """Names of the trial folders (``trial_<id>``)."""
-        return self.list_dirs(TRIAL_PREFIX)
+        """Names of the trial folders (``trial_<id>``; a pack's members, never the pack's own folder)."""
+        return [name for name in self.list_dirs(TRIAL_PREFIX) if self.read_text(name, PACK_FILE) is None]
 
     def marker(self) -> dict[str, Any]:
         """The run marker (its backup copy where a kill tore it); refuses a directory ablate did not write."""
@@ -248,18 +358,38 @@ class RunReader:
 
         The newest is the one with the latest session timestamp in its name: Ray's storage sync rewrites
         every file at the end of a run, so modification times cannot tell.
-        A run that Ctrl-C stopped (:data:`INTERRUPTED_FILE` present) has no driver left: its unfinished trials
-        read as :data:`INTERRUPTED`, not as the RUNNING of Ray's last snapshot.
+        A local run whose :data:`DRIVER_LOCK` no live driver holds (stopped by Ctrl-C, SIGTERM, a kill, a full
+        disk), or that Ctrl-C stopped (:data:`INTERRUPTED_FILE`), has its started, unfinished trials read as
+        :data:`INTERRUPTED`, not as the RUNNING of Ray's last snapshot. Remote storage has no lock: Ray's word stands.
         """
         names = self.list_files(ray_compat.EXPERIMENT_STATE_PREFIX)
         if not names:
             return {}
         states = ray_compat.parse_experiment_state(self.read_text(names[-1]) or "{}")
-        if self.read_text(INTERRUPTED_FILE) is not None:
+        no_driver = self.fs is None and lock_holder(self._join(DRIVER_LOCK)) is None
+        if no_driver or self.read_text(INTERRUPTED_FILE) is not None:
             for state in states.values():
                 if state["status"] in _UNFINISHED:
                     state["status"] = INTERRUPTED
-        return states
+        return self._members_of_packs(states)
+
+    def _members_of_packs(self, states: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        """Each pack trial's state replaced by its members' (:func:`member_id`): a member whose log ends with its
+        stop is TERMINATED, one whose loss went non-finite ERROR, the others share the pack's status."""
+        out: dict[str, dict[str, Any]] = {}
+        for trial_id, state in states.items():
+            points = state["config"].get(_PACK_KEY)
+            if not isinstance(points, list):
+                out[trial_id] = state
+                continue
+            shared = {k: v for k, v in state["config"].items() if k != _PACK_KEY}
+            for i, point in enumerate(points):
+                mid = member_id(trial_id, i)
+                last = (self.results(f"{TRIAL_PREFIX}{mid}") or [{}])[-1]
+                status = "ERROR" if last.get("member_error") else "TERMINATED" if last.get("done") else state["status"]
+                config = {**shared, "point": point}
+                out[mid] = {**state, "status": status, "config": config, "params": point, "pack": trial_id}
+        return out
 
     def statuses(self) -> dict[str, str]:
         """trial_id → Ray status, from the newest experiment state."""

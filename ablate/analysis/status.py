@@ -5,8 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ablate.rundir import INTERRUPTED, TRIAL_PREFIX, RunReader
+from ablate.pidlock import lock_holder
+from ablate.rundir import DRIVER_LOCK, INTERRUPTED, TRIAL_PREFIX, RunReader, is_remote
 from ablate.service.grids import axis_text, flat_params, natural_key
+from ablate.service.integrity import log_problem
 
 __all__ = ["run_status", "varying_keys"]
 
@@ -16,7 +18,7 @@ _GROUPS = {
     "ERROR": "errored",
     "PENDING": "pending",
     "PAUSED": "pending",
-    INTERRUPTED: "interrupted",  # stopped by Ctrl-C; --resume continues it
+    INTERRUPTED: "interrupted",  # started, unfinished, no live driver (Ctrl-C, SIGTERM, a kill); --resume continues it
 }
 
 
@@ -37,14 +39,21 @@ def _axis_values(state: dict[str, Any], axes: list[str] | None) -> dict[str, Any
 
 
 def run_status(run_dir: str | Path) -> dict[str, Any]:
-    """Counts of finished / running / interrupted / errored / pending trials and each trial's latest R²."""
+    """Counts of finished / running / interrupted / errored / pending trials and each trial's latest R²;
+    ``damaged``: trial id → why its result log does not hold each report Ray recorded once (``--resume`` re-runs
+    the missing ones). ``driver``: the live `ablate run` writing the run ({pid, host, since}); None when none is,
+    or on remote storage, where nobody can tell. A trial counts as running only while a live driver holds the
+    run's lock (:data:`DRIVER_LOCK`); otherwise one Ray's last snapshot left RUNNING reads as interrupted."""
     reader = RunReader(run_dir)
     info = reader.marker()
     counts = {"finished": 0, "running": 0, "interrupted": 0, "errored": 0, "pending": 0}
-    rows = []
-    for trial_id, state in reader.trial_states().items():
+    rows, damaged = [], {}
+    for trial_id, state in reader.trial_states().items():  # the snapshot first: the log is never behind it
         counts[_GROUPS.get(state["status"], "pending")] += 1
         results = reader.results(f"{TRIAL_PREFIX}{trial_id}")
+        problem = log_problem(results, state.get("iteration"))
+        if problem:
+            damaged[trial_id] = problem
         last = results[-1] if results else {}
         r2 = last.get("r2")
         params = _axis_values(state, info.get("axes"))
@@ -61,4 +70,12 @@ def run_status(run_dir: str | Path) -> dict[str, Any]:
     counts["pending"] += max(int(info.get("n_trials", len(rows))) - len(rows), 0)
     order = varying_keys(rows, skip=("trial", "status", "step", "r2", "failures"))  # the axes and the seed
     rows.sort(key=lambda r: [natural_key(r.get(k)) for k in order])
-    return {"grid": info["grid"], "scale": info["scale"], "counts": counts, "trials": rows}
+    driver = None if is_remote(str(run_dir)) else lock_holder(Path(run_dir, DRIVER_LOCK))
+    return {
+        "grid": info["grid"],
+        "scale": info["scale"],
+        "counts": counts,
+        "trials": rows,
+        "damaged": damaged,
+        "driver": driver,
+    }

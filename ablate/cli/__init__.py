@@ -128,7 +128,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     info = run_status(args.run_dir)
     print(f"run: {args.run_dir}  grid: {info['grid']} ({info['scale']})")
     print("  ".join(f"{k}: {v}" for k, v in info["counts"].items()))
+    if info.get("driver"):
+        print("driver: ablate pid {pid} on host {host} since {since}".format(**info["driver"]))
     print(_table(info["trials"]))
+    for trial_id, problem in info["damaged"].items():
+        print(f"trial {trial_id}: {problem}; `ablate run … --resume` runs the missing reports again")
     return 0
 
 
@@ -235,6 +239,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_false",
         help="start the local Ray without its web dashboard (headless machines, a Ray without the dashboard's packages)",
     )
+    r.add_argument(
+        "--pack",
+        metavar="K|auto",
+        help="train up to K grid points that share every shape as one batched model per trial (for GPUs; auto: "
+        "as many as fit on the trial's GPU share, none on the CPU); each point keeps its own trial folder",
+    )
     r.add_argument("--verbose", type=int, default=1, choices=[0, 1, 2, 3])
     r.add_argument("--report", dest="report", action="store_true", default=True, help=argparse.SUPPRESS)
     r.add_argument(
@@ -280,17 +290,22 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `ablate` console script."""
     from ablate.core.dgp import LowAcceptanceError
-    from ablate.rundir import RunError
+    from ablate.rundir import RunError, WriteError
     from ablate.service.grids import GridError
     from ablate.service.presets import PresetError
 
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
+    except WriteError as exc:  # a full disk, a read-only --out: what could not be written, and why
+        print(f"ablate: error: {exc}", file=sys.stderr)
+        return 1
     except (ConfigError, GridError, PresetError, RunError, LowAcceptanceError) as exc:
         print(f"ablate: error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:  # a second Ctrl-C (or SIGTERM: ray_compat.Terminated) stops at once
+        from ablate.ray_compat import Terminated
+
         hint = f": {resume_command(args)}" if args.command == "run" else ""
         print(f"ablate: interrupted; continue with --resume{hint}", file=sys.stderr)
-        return 130
+        return 143 if isinstance(exc, Terminated) else 130

@@ -51,6 +51,8 @@ def resume_command(args: argparse.Namespace, run_dir: str | None = None, grids: 
         words += ["--name", name]
     if getattr(args, "dashboard", True) is False:
         words.append("--no-dashboard")
+    if getattr(args, "pack", None) is not None:
+        words += ["--pack", str(args.pack)]
     for flag in ("address", "cpus_per_trial", "gpus_per_trial", "max_concurrent"):
         value = getattr(args, flag, None)
         default = {"cpus_per_trial": 1, "gpus_per_trial": 0}.get(flag)
@@ -63,7 +65,7 @@ def resume_command(args: argparse.Namespace, run_dir: str | None = None, grids: 
 
 def _load(args: argparse.Namespace, name: str):
     """The grid ``name`` at ``args.scale`` with the preset, ``--set`` and ``--variants`` applied (no compute)."""
-    from ablate.service.grids import load_grid
+    from ablate.service.grids import axis_text, load_grid
 
     grid = load_grid(name, args.scale)
     if args.preset:
@@ -75,7 +77,13 @@ def _load(args: argparse.Namespace, name: str):
         if kept:
             print(f"{grid.name}: preset {preset.name}: {', '.join(kept)} stay as the grid varies them")
     if args.set:
-        grid.apply_settings(parse_assignments(args.set), "--set", axes_win=False)
+        raw = {item.partition("=")[0].strip(): item.partition("=")[2] for item in args.set}
+        kept = grid.apply_settings(parse_assignments(args.set), "--set", axes_win=False)
+        lead = f"{grid.name}: " if len(_grid_names(args)) > 1 else ""
+        for key, was in grid.replaced.items():  # say so: the grid's figure has one axis fewer
+            print(f"{lead}--set {key}={raw[key]}: replaces the grid's axis {key} (was {axis_text(was)})")
+        for key in kept:
+            print(f"{lead}--set {key}={raw[key]}: the grid's variants or search set {key} themselves and keep theirs")
     if args.variants:
         grid.select_variants(args.variants.split(","), "--variants")
     return grid
@@ -83,7 +91,10 @@ def _load(args: argparse.Namespace, name: str):
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Run every grid named on the command line, in order; stop at the first that is interrupted."""
+    from ablate.service.memory import check_memory
+    from ablate.service.packs import resolve_pack
     from ablate.service.runner import default_run_name, has_run_state
+    from ablate.service.teardown import run_signals
 
     names = _grid_names(args)
     if len(names) > 1 and args.name:
@@ -93,21 +104,28 @@ def cmd_run(args: argparse.Namespace) -> int:
     twice = sorted({n for n in seen if seen.count(n) > 1})
     if twice:
         raise ConfigError(f"grid {', '.join(twice)} is named twice; each grid runs once per `ablate run`")
+    for grid in grids:  # every grid's trials fit this machine, before the first starts (ablate.service.memory)
+        pack = resolve_pack(getattr(args, "pack", None), grid, args.gpus_per_trial)
+        check_memory(
+            grid, args.cpus_per_trial, args.gpus_per_trial, args.max_concurrent, address=args.address, pack=pack
+        )
     codes = []
-    for i, (name, grid) in enumerate(zip(names, grids)):
-        one = copy.copy(args)
-        one.grid = name
-        if len(grids) > 1:
-            # several grids: --resume continues each grid that has a run and starts the others
-            one.resume = args.resume and has_run_state(args.storage, default_run_name(grid))
-            print(f"\n=== grid {i + 1} of {len(grids)}: {grid.name} ===", flush=True)
-        code = _run_one(one, grid)
-        codes.append(code)
-        if code == 130:
-            if i + 1 < len(grids):
-                rest = resume_command(args, grids=names[i:])
-                print(f"{len(grids) - i - 1} grid(s) not started; run them all with:\n  {rest}", file=sys.stderr)
-            return 130
+    with run_signals() as signals:  # SIGTERM as Ctrl-C; a run a signal stopped leaves no Ray process behind
+        for i, (name, grid) in enumerate(zip(names, grids)):
+            one = copy.copy(args)
+            one.grid = name
+            if len(grids) > 1:
+                # several grids: --resume continues each grid that has a run and starts the others
+                one.resume = args.resume and has_run_state(args.storage, default_run_name(grid))
+                print(f"\n=== grid {i + 1} of {len(grids)}: {grid.name} ===", flush=True)
+            code = _run_one(one, grid)
+            codes.append(code)
+            if code in (130, 143):  # Ctrl-C, SIGTERM
+                signals.stopped = True
+                if i + 1 < len(grids):
+                    rest = resume_command(args, grids=names[i:])
+                    print(f"{len(grids) - i - 1} grid(s) not started; run them all with:\n  {rest}", file=sys.stderr)
+                return code
     if len(grids) > 1:
         print("\n" + ", ".join(f"{g.name}: {'ok' if c == 0 else f'exit {c}'}" for g, c in zip(grids, codes)))
     return max(codes)
@@ -116,6 +134,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _run_one(args: argparse.Namespace, grid) -> int:
     from ablate.service.cluster import auth_hint
     from ablate.service.grids import natural_key
+    from ablate.service.packs import resolve_pack
     from ablate.service.runner import StorageFull, run_grid, summary_rows
 
     def announce(run_dir: str, url: str | None) -> None:
@@ -141,6 +160,7 @@ def _run_one(args: argparse.Namespace, grid) -> int:
             max_failures=args.max_failures,
             tensorboard=args.tensorboard,
             dashboard=getattr(args, "dashboard", True),
+            pack=resolve_pack(getattr(args, "pack", None), grid, args.gpus_per_trial),
             verbose=args.verbose,
             on_start=announce,
         )
@@ -164,15 +184,8 @@ def _run_one(args: argparse.Namespace, grid) -> int:
         print(f"claims: ablate claims {outcome.run_dir}   (does the run reproduce the paper? docs/reproduction.md)")
     resume = resume_command(args, str(outcome.run_dir))
     if outcome.interrupted:
-        started = len(outcome.trials)
-        not_started = max(grid.n_trials - started, 0) if grid.search != "optuna" else 0
-        print(
-            f"interrupted: {len(outcome.unfinished)} trial(s) stopped before they finished"
-            + (f", {not_started} not started" if not_started else "")
-            + f"; nothing finished was lost. Continue with:\n  {resume}",
-            file=sys.stderr,
-        )
-        return 130
+        print(_interrupted_text(outcome, resume), file=sys.stderr)
+        return 128 + outcome.stop_signal  # 130 (Ctrl-C) or 143 (SIGTERM), as a shell reports a signal
     if outcome.storage_full:
         print(f"ablate: error: {outcome.storage_full}: {resume}", file=sys.stderr)
         return 1
@@ -182,6 +195,25 @@ def _run_one(args: argparse.Namespace, grid) -> int:
             print(f"  {t.trial_id} [{t.label}]: {t.error}", file=sys.stderr)
         return 1
     return 0
+
+
+def _interrupted_text(outcome, resume: str) -> str:
+    """What a Ctrl-C or SIGTERM stopped: the trials it interrupted and those that never started, by grid point."""
+    import signal
+
+    how = "SIGTERM" if outcome.stop_signal == signal.SIGTERM else "Ctrl-C"
+    stopped, waiting = outcome.unfinished, outcome.not_started
+    undrawn = max(outcome.grid.n_trials - len(outcome.trials), 0)  # an Optuna grid's samples not yet drawn
+    lines = [
+        f"interrupted: {len(stopped)} trial(s) stopped before they finished, {len(waiting) + undrawn} never "
+        f"started ({how}); nothing finished was lost."
+    ]
+    for what, trials in (("stopped", stopped), ("never started", waiting)):
+        if trials:
+            lines.append(f"  {what}: " + "; ".join(sorted(t.label for t in trials)))
+    if undrawn:
+        lines.append(f"  never started: {undrawn} sample(s) the search has not drawn yet")
+    return "\n".join([*lines, f"Continue with:\n  {resume}"])
 
 
 def _write_run_report(run_dir) -> None:

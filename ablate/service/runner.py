@@ -21,21 +21,29 @@ from ablate.rundir import (
     INTERRUPTED,
     INTERRUPTED_FILE,
     MARKER_TIME_FORMAT,
+    TRIAL_PREFIX,
     RunError,
     RunReader,
     check_writable,
     is_remote,
+    member_id,
     read_marker,
     remove_file,
     resolve_run_dir,
     run_name,
+    sweep_stale_temps,
     write_marker,
     write_text,
 )
 from ablate.service.cluster import init_ray
-from ablate.service.grids import Grid, GridError, axis_text, flat_params
+from ablate.service.driver_lock import one_driver
+from ablate.service.grids import Grid, GridError, axis_text, flat_params, pack_members
+from ablate.service.integrity import mend_for_resume
+from ablate.service.memory import check_memory
+from ablate.service.same_run import check_same_run, run_record
 from ablate.service.search import save_best, tune_config
 from ablate.service.snapshots import BACKUP_DIR, DISCARDED_DIR, SnapshotError, choose_snapshot, has_snapshot
+from ablate.service.trust import check_before_resume, check_key, sign_files
 
 __all__ = [
     "RunOutcome",
@@ -103,7 +111,8 @@ class RunOutcome:
     best_config: dict[str, Any] | None = None
     wall_s: float = 0.0
     set_aside: dict[str, str] = field(default_factory=dict)  # torn snapshot files moved aside on resume
-    interrupted: bool = False  # Ctrl-C stopped the run; --resume continues it
+    interrupted: bool = False  # Ctrl-C or SIGTERM stopped the run; --resume continues it
+    stop_signal: int = 0  # the signal that stopped it (signal.SIGINT or signal.SIGTERM), 0 if none
     storage_full: str | None = None  # a trial failed because the storage is full: what could not be written
 
     @property
@@ -113,8 +122,13 @@ class RunOutcome:
 
     @property
     def unfinished(self) -> list[TrialOutcome]:
-        """Trials that Ctrl-C stopped before they finished."""
+        """Trials that Ctrl-C (or SIGTERM) stopped before they finished."""
         return [t for t in self.trials if t.status == INTERRUPTED]
+
+    @property
+    def not_started(self) -> list[TrialOutcome]:
+        """Trials of an interrupted run that never started (Ray's PENDING): --resume starts them."""
+        return [t for t in self.trials if t.status == "PENDING"]
 
 
 def probe_acceptance(grid: Grid) -> None:
@@ -158,6 +172,7 @@ def _marker(grid: Grid) -> dict[str, Any]:
         "variants": [v["name"] for v in grid.variants],
         "n_trials": grid.n_trials,
         "created": time.strftime(MARKER_TIME_FORMAT),
+        **run_record(grid),  # the --set settings and resolved trials: --resume refuses another run
     }
 
 
@@ -207,6 +222,7 @@ def has_run_state(storage: str, name: str) -> bool:
     return is_remote(run_dir) or has_snapshot(run_dir)
 
 
+@one_driver(lambda grid, name: name or default_run_name(grid))
 def run_grid(
     grid: Grid,
     *,
@@ -222,6 +238,7 @@ def run_grid(
     tensorboard: bool = False,
     num_cpus: int | None = None,
     dashboard: bool = True,
+    pack: int = 1,
     verbose: int = 1,
     on_start=None,
     trust_run_dir: bool = False,
@@ -234,31 +251,38 @@ def run_grid(
     packages); joining a cluster (``address``) leaves the cluster's dashboard as it is.
     A resume unpickles only files ablate signed (:mod:`ablate.service.trust`); ``trust_run_dir`` vouches for
     a run directory copied from elsewhere (its files are signed instead of checked).
+    ``pack`` > 1 trains up to that many grid points that share every shape and code path as one batched model
+    per Ray trial (:mod:`ablate.service.pack_trainable`); each still gets its own trial folder. A resume keeps
+    the packing the run started with.
     """
     run_name = name or default_run_name(grid)
     run_dir = resolve_run_dir(storage, run_name)
+    if pack > 1 and grid.search != "grid":
+        raise RunError(f"--pack {pack}: {grid.name} is an Optuna search; a search runs one setting per trial")
     probe_acceptance(grid)
+    check_memory(grid, cpus_per_trial, gpus_per_trial, max_concurrent, address=address, num_cpus=num_cpus, pack=pack)
     check_writable(storage)
     local = not is_remote(run_dir)
+    if local:
+        check_key()
     set_aside: dict[str, str] = {}
     state_exists = local and has_snapshot(run_dir)
     if resume:
         if local and not Path(run_dir).exists():
             raise RunError(f"--resume: nothing to resume at {run_dir} (no such run)")
         info = read_marker(run_dir) if local else None
-        if info is not None and (info["grid"], info["scale"], info.get("preset")) != (
-            grid.name,
-            grid.scale,
-            grid.preset,
-        ):
-            raise RunError(
-                f"--resume: {run_dir} was made from grid {info['grid']!r} at scale {info['scale']!r} with preset "
-                f"{info.get('preset')!r}, not {grid.name!r} at {grid.scale!r} with preset {grid.preset!r}"
-            )
+        if info is not None:
+            check_same_run(info, grid, run_dir)  # the grid, its --set and its trials as the run started
         if local and not state_exists:
             raise RunError(f"--resume: nothing to resume at {run_dir} (no experiment state)")
+        pack = int(info.get("pack", 1)) if info is not None else pack  # the trainable the run was made with
         if local:
-            set_aside = _choose_snapshot(run_dir)
+            _swept(sweep_stale_temps(run_dir, (BACKUP_DIR,)))  # temporaries of writers killed earlier
+            set_aside = _choose_snapshot(run_dir, trust_run_dir)
+        check_before_resume(run_dir, trust_run_dir)  # before Ray unpickles anything
+        mended = mend_for_resume(run_dir) if local else None  # each report once (ablate.service.integrity)
+        if mended and mended.rewritten:
+            sign_files(run_dir, mended.rewritten)
         remove_file(f"{run_dir}/{INTERRUPTED_FILE}")  # a driver runs the trials again
     elif state_exists:
         raise RunError(f"{run_dir} already holds a run: add --resume to continue it, or choose another --name")
@@ -266,22 +290,25 @@ def run_grid(
     ray_compat.set_tune_environment(num_cpus)
     from ray import tune
 
-    from ablate.service.trainable import AblateTrainable
-
+    if pack > 1:
+        from ablate.service.pack_trainable import PackTrainable as trainable_class
+    else:
+        from ablate.service.trainable import AblateTrainable as trainable_class
     if not resume:
-        write_marker(run_dir, _marker(grid))
+        write_marker(run_dir, {**_marker(grid), "pack": pack})
     ray_info = init_ray(address, num_cpus=num_cpus, dashboard=dashboard)
+    ray_compat.reclaim_sigterm()  # Ray's crash handler took SIGTERM: Python's handler (the CLI's) again
     if on_start is not None:
         on_start(run_dir, ray_info["dashboard_url"])
 
-    trainable = tune.with_resources(AblateTrainable, {"cpu": cpus_per_trial, "gpu": gpus_per_trial})
+    trainable = tune.with_resources(trainable_class, {"cpu": cpus_per_trial, "gpu": gpus_per_trial})
     started = time.time()
     if resume:
         tuner = tune.Tuner.restore(run_dir, trainable=trainable, resume_unfinished=True, resume_errored=True)
     else:
         tuner = tune.Tuner(
             trainable,
-            param_space=grid.param_space(),
+            param_space=grid.param_space(pack=pack),
             tune_config=tune_config(grid, max_concurrent, run_dir),
             run_config=tune.RunConfig(
                 name=run_name,
@@ -295,6 +322,8 @@ def run_grid(
                 verbose=verbose,
             ),
         )
+    if local and not resume:
+        sign_files(run_dir, [Path(run_dir, ray_compat.TUNER_FILE)])  # Ray has just written it
     guard = ray_compat.refuse_silent_restart(_restore_failed(run_dir)) if resume else contextlib.nullcontext()
     try:
         with guard, ray_compat.graceful_interrupt() as interrupted, ray_compat.hide_full_disk_tracebacks(_full_warning):
@@ -305,25 +334,33 @@ def run_grid(
             raise
         raise StorageFull(_storage_full_message(full, run_dir)) from exc
     outcome = RunOutcome(run_dir=Path(run_dir), grid=grid, wall_s=time.time() - started, set_aside=set_aside)
-    outcome.interrupted = interrupted()
-    snapshot = RunReader(run_dir).statuses() if outcome.interrupted and local else {}
+    outcome.stop_signal = interrupted()
+    outcome.interrupted = bool(outcome.stop_signal)
+    states = RunReader(run_dir).trial_states() if outcome.interrupted and local else {}
     for result in results:
-        cfg = flat_params(result.config or {})
         metrics = result.metrics or {}
-        trial_id = metrics.get("trial_id") or Path(result.path).name
+        trial_id = metrics.get("trial_id") or Path(result.path).name.removeprefix(TRIAL_PREFIX)
+        state = states.get(trial_id, {})
+        cfg = flat_params(result.config or state.get("config") or {})  # a trial that never started: the snapshot's
         err = None if result.error is None else f"{type(result.error).__name__}: {result.error}"
         status = "ERROR" if result.error is not None else "TERMINATED"
         if outcome.interrupted and status == "TERMINATED":
-            # Ray's last snapshot (taken before it stopped the actors) says whether the trial had finished;
-            # on remote storage the trial's last report does
-            unfinished = snapshot.get(trial_id, "RUNNING") != "TERMINATED" if local else not metrics.get("done")
-            status = INTERRUPTED if unfinished else status
+            # Ray's last snapshot (taken before it stopped the actors) says whether the trial had finished or
+            # had not started (PENDING); on remote storage the trial's last report does
+            if local:
+                was = state.get("status", "RUNNING")
+            else:
+                was = "TERMINATED" if metrics.get("done") else "RUNNING" if metrics else "PENDING"
+            status = {"TERMINATED": status, "PENDING": "PENDING"}.get(was, INTERRUPTED)
         if outcome.storage_full is None and result.error is not None:
             full = _full_disk(result.error)
             if full is not None or "No space left on device" in str(result.error):
                 outcome.storage_full = _storage_full_message(full, run_dir)
         outcome.trials.append(TrialOutcome(trial_id, _label(cfg, grid), status, cfg, metrics, err))
+    if pack > 1 and local:
+        outcome.trials = _pack_members(outcome.trials, run_dir, grid)
     if outcome.interrupted:
+        outcome.trials += _never_created(grid, outcome.trials)
         stopped = [t.trial_id for t in outcome.unfinished]
         write_text(f"{run_dir}/{INTERRUPTED_FILE}", json.dumps({"trials": stopped, "time": time.time()}, indent=1))
     if grid.search == "optuna":
@@ -331,14 +368,19 @@ def run_grid(
     return outcome
 
 
+def _swept(paths: list[str]) -> None:
+    if paths:
+        _log.warning("--resume: removed %d temporary file(s) of killed writers: %s", len(paths), ", ".join(paths))
+
+
 def _full_warning(line: str) -> None:
     _log.warning("the storage is full (%s); trials that cannot save are retried, then stop", line)
 
 
-def _choose_snapshot(run_dir: str) -> dict[str, str]:
+def _choose_snapshot(run_dir: str, trust: bool = False) -> dict[str, str]:
     """Resume from the newest complete snapshot; say which torn files were set aside and why."""
     try:
-        choice = choose_snapshot(run_dir)
+        choice = choose_snapshot(run_dir, trust)
     except SnapshotError as exc:
         raise RunError(f"--resume: {exc}") from exc
     if choice.discarded:
@@ -364,6 +406,43 @@ def _restore_failed(run_dir: str):
         )
 
     return fail
+
+
+def _never_created(grid: Grid, trials: list[TrialOutcome]) -> list[TrialOutcome]:
+    """The grid points of an interrupted run that Ray had not even made a trial for (a --max-concurrent cap
+    makes them one by one), as PENDING trials without an id; an Optuna grid's undrawn samples have no point."""
+    if grid.search != "grid":
+        return []
+    variants = {v["name"]: v for v in grid.variants}
+    seen = {t.label for t in trials}
+    out = []
+    for trial in grid.trials:
+        params = {**trial.point, "seed": trial.seed} | ({"variant": variants[trial.variant]} if trial.variant else {})
+        label = _label(params, grid)
+        if label not in seen:
+            out.append(TrialOutcome("", label, "PENDING", params, {}))
+    return out
+
+
+def _pack_members(trials: list[TrialOutcome], run_dir: str, grid: Grid) -> list[TrialOutcome]:
+    """Each pack trial's outcome replaced by its members': status, settings and last report from their folders."""
+    reader = RunReader(run_dir)
+    states = reader.trial_states()
+    out = []
+    for t in trials:
+        members = pack_members(t.params)
+        if not members:
+            out.append(t)
+            continue
+        for i, params in enumerate(members):
+            mid = member_id(t.trial_id, i)
+            last = (reader.results(f"{TRIAL_PREFIX}{mid}") or [{}])[-1]
+            status = states.get(mid, {}).get("status", t.status)
+            if status not in ("TERMINATED", "ERROR") or t.status in (INTERRUPTED, "PENDING"):
+                status = status if last.get("done") else t.status
+            error = last.get("member_error") or (t.error if status == "ERROR" else None)
+            out.append(TrialOutcome(mid, _label(params, grid), status, params, last, error))
+    return out
 
 
 def _label(params: dict[str, Any], grid: Grid) -> str:

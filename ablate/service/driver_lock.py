@@ -1,0 +1,74 @@
+"""One driver per run directory: :func:`ablate.service.runner.run_grid` holds the run's lock for its whole run.
+
+Two ``ablate run`` (or a ``--resume``) on one run directory at once would each start Ray, write their own trial
+folders and experiment state over the other's and export every point twice. The first takes an exclusive lock
+on ``<run_dir>/ablate_driver.lock`` (:data:`ablate.rundir.DRIVER_LOCK`, :mod:`ablate.pidlock`) before it writes
+anything or starts Ray; a second is refused with the first one's pid, host and start time. The kernel releases
+the lock when the driver's process ends however it ends, so a dead driver never blocks a ``--resume``, and
+``ablate status`` reads "running" only while the lock is held.
+
+Remote storage (``s3://``, ``gs://``) cannot be locked: there nothing stops a second driver from writing the
+same run directory, and nothing tells whether its driver is alive.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ablate.pidlock import LockHeld, PidLock
+from ablate.rundir import DRIVER_LOCK, RunError, check_writable, is_remote, resolve_run_dir
+
+__all__ = ["busy_message", "one_driver"]
+
+
+def busy_message(run_dir: str, holder: dict[str, Any]) -> str:
+    """The refusal of a second driver: who writes ``run_dir`` (from :class:`ablate.pidlock.LockHeld`)."""
+    pid, host, since = (holder.get(k) for k in ("pid", "host", "since"))
+    who = f"ablate pid {pid} on host {host} since {since}" if pid else "another ablate process (starting up)"
+    return f"{run_dir} is being written by {who}; wait for it or stop it"
+
+
+def one_driver(run_name: Callable[[Any, str | None], str]):
+    """Decorate ``run_grid(grid, *, storage, name, resume, ...)`` to hold ``<storage>/<run_name(grid, name)>``'s
+    driver lock for the whole call.
+
+    Taken after the storage proved writable and before the call writes anything or starts Ray; a second
+    driver gets a :class:`RunError` naming the holder. A run folder the call created is removed again when the
+    call fails before writing anything into it (bad input leaves no empty run). A ``--resume`` of a folder
+    that does not exist, and remote storage, go through unlocked (there the call says why, or nothing can lock).
+    """
+
+    def decorate(run):
+        @functools.wraps(run)
+        def locked(grid, *, storage: str = "runs", name: str | None = None, resume: bool = False, **kwargs):
+            def go():
+                return run(grid, storage=storage, name=name, resume=resume, **kwargs)
+
+            run_dir = resolve_run_dir(storage, run_name(grid, name))
+            if is_remote(run_dir) or (resume and not Path(run_dir).exists()):
+                return go()
+            check_writable(storage)
+            fresh = not Path(run_dir).exists()
+            lock = PidLock(Path(run_dir, DRIVER_LOCK))
+            try:
+                lock.acquire()
+            except LockHeld as exc:
+                raise RunError(busy_message(run_dir, exc.holder)) from None
+            try:
+                return go()
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    if fresh and [p.name for p in Path(run_dir).iterdir()] == [DRIVER_LOCK]:
+                        Path(run_dir, DRIVER_LOCK).unlink()
+                        Path(run_dir).rmdir()
+                raise
+            finally:
+                lock.release()
+
+        return locked
+
+    return decorate
