@@ -15,6 +15,10 @@ from pathlib import Path
 
 import pytest
 
+# ablate's signing key (ablate.signing): one per test session, never the user's ~/.config/ablate/signing.key;
+# subprocesses (the CLI, Ray's workers) inherit it. A test that needs its own key sets ABLATE_KEY_FILE itself.
+os.environ.setdefault("ABLATE_KEY_FILE", str(Path(tempfile.mkdtemp(prefix="ablate-key-")) / "signing.key"))
+
 
 @pytest.fixture(scope="session")
 def ray_session():

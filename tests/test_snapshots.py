@@ -174,8 +174,9 @@ def test_state_ray_cannot_read_stops_instead_of_restarting_empty(ray_session, fi
     state = json.loads(newest.read_text())
     state["trial_data"] = [['{"not": "a trial"}', "{}"]]  # complete JSON, but not trials Ray can restore
     newest.write_text(json.dumps(state))
+    # trusted: an altered state is refused earlier (test_signing); this is the backstop behind that check
     with pytest.raises(RunError, match="stopped instead of restarting the grid from scratch"):
-        run_grid(_grid(), storage=str(tmp_path), name="r", verbose=0, resume=True)
+        run_grid(_grid(), storage=str(tmp_path), name="r", verbose=0, resume=True, trust_run_dir=True)
     assert len(list(run_dir.glob("trial_*"))) == 4, "Ray must not have started an empty experiment"
 
 

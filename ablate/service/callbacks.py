@@ -13,6 +13,7 @@ from ablate import ray_compat
 from ablate.rundir import PARAMS_FILE, RESULT_FILE, atomic_write
 from ablate.service.grids import flat_params
 from ablate.service.snapshots import save_backup
+from ablate.service.trust import sign_session
 
 __all__ = ["ResultLog", "SnapshotKeeper", "append_row"]
 
@@ -28,10 +29,47 @@ class SnapshotKeeper(Callback):
     construction) into ``.ablate_snapshot/``, so the backup is never behind the last checkpoint and a resume
     from it replays at most one report period. Local run directories only. It keeps no paths of its own: it
     is pickled into ``tuner.pkl`` and must follow a run directory that is moved.
+
+    It also signs every snapshot while Ray writes it (:meth:`get_state`), so that ``--resume`` unpickles only
+    files ablate wrote (:mod:`ablate.service.trust`).
     """
 
     def __init__(self):
         self._dirty = False
+        self._trials: list = []
+
+    def __getstate__(self):
+        return {"_dirty": False}  # nothing of a running driver goes into tuner.pkl
+
+    def on_step_begin(self, iteration, trials, **info):
+        self._trials = trials  # Ray's own list: the trials it adds in this step appear in it
+
+    def get_state(self):
+        """Ray calls this while it saves a snapshot (TuneController.save_to_dir), after writing the experiment
+        and search algorithm state into its staging folder and before copying them into the run directory:
+        the moment to sign them. Returns None: this callback keeps no state of its own."""
+        self._sign()
+        return None
+
+    def on_experiment_end(self, trials, **info):
+        """Ray's last snapshot has been written and copied (Ray waited for the copy): sign it, also for a driver
+        that ran no step (a resumed run with nothing left to do)."""
+        self._trials = trials
+        self._sign()
+
+    def _sign(self) -> None:
+        trials = getattr(self, "_trials", None)  # absent in a keeper unpickled from an older tuner.pkl
+        paths = ray_compat.snapshot_paths(trials) if trials else None
+        if paths is not None:
+            try:
+                sign_session(*paths)
+            except OSError as exc:
+                self._warn(exc)
+
+    def _warn(self, exc: OSError) -> None:
+        if not getattr(self, "_warned", False):  # once per run, not at every step
+            self._warned = True
+            _log.warning("could not back up or sign the experiment snapshot: %s", exc)
 
     def _changed(self, **info):
         self._dirty = True
@@ -49,9 +87,7 @@ class SnapshotKeeper(Callback):
         try:
             save_backup(*paths)
         except OSError as exc:  # a full disk must not stop the run: Ray's own snapshot still exists
-            if not getattr(self, "_warned", False):  # once per run, not at every step
-                self._warned = True
-                _log.warning("could not back up the experiment snapshot: %s", exc)
+            self._warn(exc)
 
 
 def _cut_torn_line(path: Path, chunk: int = 1 << 16) -> None:

@@ -7,12 +7,15 @@ Not to be confused with ablate's *report* dashboards (``ablate/dashboards/*.yaml
 Ray 2.60 turns token authentication on for local clusters: the dashboard asks for the token stored in
 ``~/.ray/auth_token`` (``ray get-auth-token`` prints it). ablate never turns it off. Binding to another
 interface is allowed with a warning; binding to one while token authentication is disabled is refused.
+The token file is kept readable by its owner only (0600, :func:`keep_token_private`): Ray itself writes it
+with the process umask (usually 0644), so ablate writes it first for a head it starts, and tightens it after.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import os
+import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,6 +33,7 @@ __all__ = [
     "auth_lines",
     "check_host",
     "init_ray",
+    "keep_token_private",
     "live_clusters",
     "serve",
     "start_or_find",
@@ -135,11 +139,41 @@ def init_ray(
         kwargs["runtime_env"] = {"py_modules": [str(Path(ablate.__file__).parent)]}
         ray.init(address=address, **kwargs)
     else:
+        keep_token_private(create=True)
         # address="local": always a fresh embedded Ray, even if a stale cluster address is on disk
         ray.init(
             address="local", num_cpus=num_cpus, include_dashboard=dashboard, dashboard_host=dashboard_host, **kwargs
         )
+    keep_token_private()
     return {"dashboard_url": ray_compat.dashboard_url(), "joined": bool(address)}
+
+
+def keep_token_private(create: bool = False, environ: dict[str, str] | None = None) -> Path | None:
+    """Make the auth token file Ray reads (``RAY_AUTH_TOKEN_PATH``, else ``~/.ray/auth_token``) mode 0600.
+
+    ``create``: for a local head about to start with token authentication and no token anywhere, write the
+    token first, with mode 0600 (in Ray's format), instead of letting Ray write it world-readable. A file of
+    another user is left alone. Returns the token file, or None when the token is not in a file.
+    """
+    env = os.environ if environ is None else environ
+    if env.get("RAY_AUTH_TOKEN"):
+        return None
+    path = Path(env["RAY_AUTH_TOKEN_PATH"]).expanduser() if env.get("RAY_AUTH_TOKEN_PATH") else TOKEN_FILE
+    try:
+        if create and auth_mode(env) == "token" and not path.exists():
+            if not path.parent.exists():
+                path.parent.mkdir(mode=0o700, parents=True)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(ray_compat.new_auth_token())
+        info = path.stat()
+        if info.st_uid == os.getuid() and info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+            os.chmod(path, 0o600)
+    except FileExistsError:  # another process wrote it first: tighten it
+        return keep_token_private(environ=environ)
+    except OSError:
+        return None  # no token file, or one ablate may not change: Ray reports what it needs
+    return path
 
 
 def _keep_token_auth(address: str) -> None:
@@ -181,6 +215,7 @@ def start_or_find(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> Dashboa
             f"joined the Ray cluster already running on this machine ({address}); its dashboard settings apply"
         )
     else:
+        keep_token_private(create=True)
         # address="local": a new head even where /tmp/ray/ray_current_cluster names a cluster that is gone
         ctx = ray.init(
             address="local",
@@ -192,6 +227,7 @@ def start_or_find(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> Dashboa
         )
         address = ctx.address_info.get("gcs_address")
         started = True
+    keep_token_private()
     url = ray_compat.dashboard_url()
     if url and not started and f":{port}" not in url:
         notes.append(f"the running cluster's dashboard is on {url}, not port {port}")

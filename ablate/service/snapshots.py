@@ -23,6 +23,10 @@ A torn *only* session (the first driver killed mid-copy) leaves nothing older to
 runner also keeps its own copy: :func:`save_backup` copies the staging folder's newest session, which Ray
 has just written in full, into ``.ablate_snapshot/<generation>/`` (a folder renamed into place, so it is
 never half-written). :func:`choose_snapshot` puts that copy back when it is the newest complete one.
+
+Each generation carries its own signature file (:data:`ablate.rundir.SIGNATURES_FILE`, see
+:mod:`ablate.signing`), written with the copy; :func:`choose_snapshot` copies a backup back only when its
+signatures match (unless the run directory is trusted), and signs what it copied in.
 """
 
 from __future__ import annotations
@@ -35,8 +39,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ablate.ray_compat import EXPERIMENT_STATE_RE, SEARCHER_FILES, SNAPSHOT_FILES
-from ablate.rundir import atomic_write
+from ablate import signing
+from ablate.ray_compat import EXPERIMENT_STATE_RE, SEARCHER_FILES, SNAPSHOT_FILES, TUNER_FILE
+from ablate.rundir import SIGNATURES_FILE, atomic_write
 
 __all__ = [
     "BACKUP_DIR",
@@ -53,8 +58,6 @@ __all__ = [
 
 DISCARDED_DIR = ".ablate_discarded"
 BACKUP_DIR = ".ablate_snapshot"
-#: Ray's pickled Tuner in the run directory (`Tuner.restore` reads it first).
-TUNER_FILE = "tuner.pkl"
 _KEEP_BACKUPS = 2
 
 
@@ -145,8 +148,11 @@ def save_backup(staging_dir: str | Path, run_dir: str | Path) -> Path | None:
     # after a resume the staging folder holds the Tuner too; in a fresh run only the run directory does
     candidates = (staging_dir / TUNER_FILE, Path(run_dir) / TUNER_FILE)
     tuner = next((p for p in candidates if p.exists() and file_problem(p, "pickle") is None), None)
-    if tuner is not None:
+    key = signing.load_key()
+    if tuner is not None and (tuner.parent == staging_dir or _signed_problem(Path(run_dir), tuner, key) is None):
         shutil.copy2(tuner, tmp / TUNER_FILE)
+    # the files come from Ray's staging folder, written by this process (or a signed tuner.pkl): sign them
+    signing.sign(tmp / SIGNATURES_FILE, [p for p in tmp.iterdir() if p.name != SIGNATURES_FILE], key)
     final = root / f"{time.time_ns():020d}"
     os.rename(tmp, final)
     for old in sorted(p for p in root.iterdir() if p.name.isdigit())[:-_KEEP_BACKUPS]:
@@ -159,7 +165,12 @@ def _backups(run_dir: Path) -> list[Path]:
     return sorted((p for p in root.iterdir() if p.is_dir() and p.name.isdigit()), reverse=True) if root.is_dir() else []
 
 
-def choose_snapshot(run_dir: str | Path) -> SnapshotChoice:
+def _signed_problem(folder: Path, path: Path, key: bytes) -> str | None:
+    """Why ``path`` does not match the signatures kept in ``folder`` (None: it does)."""
+    return signing.problem(signing.read_signatures(folder / SIGNATURES_FILE), path, key)
+
+
+def choose_snapshot(run_dir: str | Path, trust: bool = False) -> SnapshotChoice:
     """Make the newest complete snapshot of ``run_dir`` the one Ray resumes from.
 
     Candidates, newest session first and, within a session, the most recently written first (a backup is
@@ -167,6 +178,7 @@ def choose_snapshot(run_dir: str | Path) -> SnapshotChoice:
     ``run_dir`` and every generation in ``.ablate_snapshot/``. Files of torn sessions at
     least as new as the pick are moved into ``.ablate_discarded/``; a picked backup is copied back into
     ``run_dir``. Raises :class:`SnapshotError` naming every problem when no candidate is complete.
+    A backup counts only when its signatures match (any backup when ``trust``); what is copied back is signed.
     """
     run_dir = Path(run_dir)
     candidates = [
@@ -178,8 +190,11 @@ def choose_snapshot(run_dir: str | Path) -> SnapshotChoice:
     if not candidates:
         raise SnapshotError(f"{run_dir}: no experiment_state-*.json to resume from")
     torn: dict[str, list[str]] = {}
+    key = None if trust else signing.load_key()
     for session, _, folder in sorted(candidates, key=lambda c: (c[0], c[1]), reverse=True):
         problems = _session_problems(folder, session)
+        if folder != run_dir and key is not None:
+            problems += _backup_signature_problems(folder, session, key)
         if problems:
             if folder == run_dir:
                 torn[session] = problems
@@ -191,7 +206,7 @@ def choose_snapshot(run_dir: str | Path) -> SnapshotChoice:
         if choice.from_backup:
             _put_back(folder, run_dir, session)
         if tuner_problem:
-            choice.discarded.update(_mend_tuner(run_dir, tuner_problem))
+            choice.discarded.update(_mend_tuner(run_dir, tuner_problem, key))
         return choice
     detail = "; ".join(p for problems in torn.values() for p in problems)
     raise SnapshotError(f"{run_dir}: every experiment snapshot is damaged, so it cannot be resumed ({detail})")
@@ -203,11 +218,20 @@ def _tuner_problem(run_dir: Path) -> str | None:
     return None if problem is None else f"{TUNER_FILE}: {problem}"
 
 
-def _mend_tuner(run_dir: Path, problem: str) -> dict[str, str]:
-    """Put back the newest complete backup of ``tuner.pkl``, the torn one set aside; raise if there is none."""
+def _backup_signature_problems(backup: Path, session: str, key: bytes) -> list[str]:
+    signatures = signing.read_signatures(backup / SIGNATURES_FILE)
+    paths = [backup / t.format(session) for t in SNAPSHOT_FILES]
+    found = ((p, signing.problem(signatures, p, key)) for p in paths if p.exists())
+    return [f"{BACKUP_DIR}/{backup.name}/{p.name}: {why}" for p, why in found if why]
+
+
+def _mend_tuner(run_dir: Path, problem: str, key: bytes | None) -> dict[str, str]:
+    """Put back the newest complete (and, unless ``key`` is None, signed) backup of ``tuner.pkl``, the torn
+    one set aside; raise if there is none."""
     for backup in _backups(run_dir):
         source = backup / TUNER_FILE
-        if source.exists() and file_problem(source, "pickle") is None:
+        signed = key is None or (source.exists() and _signed_problem(backup, source, key) is None)
+        if source.exists() and file_problem(source, "pickle") is None and signed:
             moved = _move_aside(run_dir / TUNER_FILE, problem)
             _copy_in(source, run_dir)
             return moved
@@ -229,8 +253,10 @@ def _set_aside(run_dir: Path, session: str, why: str) -> dict[str, str]:
 
 
 def _copy_in(source: Path, run_dir: Path) -> None:
-    """Copy a backed-up file into ``run_dir`` under its own name, atomically."""
+    """Copy a backed-up file into ``run_dir`` under its own name, atomically, and sign the copy (the backup was
+    checked, or the run directory is trusted)."""
     atomic_write(run_dir / source.name, lambda tmp: shutil.copy2(source, tmp))
+    signing.sign(run_dir / SIGNATURES_FILE, [run_dir / source.name], signing.load_key())
 
 
 def _move_aside(path: Path, why: str) -> dict[str, str]:
