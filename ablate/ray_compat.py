@@ -107,9 +107,14 @@ def _last_iteration(meta: dict[str, Any]) -> int | None:
 
 
 def _trial_data(data: Any) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
+    """(trial JSON, runtime metadata JSON) of each trial of a parsed snapshot; entries that are not, skipped."""
     for entry in data.get("trial_data", []) if isinstance(data, dict) else []:
-        with contextlib.suppress(TypeError, IndexError, json.JSONDecodeError):
-            yield json.loads(entry[0]), json.loads(entry[1]) if len(entry) > 1 else {}
+        try:
+            info, meta = json.loads(entry[0]), json.loads(entry[1]) if len(entry) > 1 else {}
+        except (TypeError, IndexError, json.JSONDecodeError):
+            continue
+        if isinstance(info, dict) and "trial_id" in info and isinstance(meta, dict):
+            yield info, meta
 
 
 def tracked_checkpoints(text: str) -> dict[str, set[str]]:

@@ -21,17 +21,17 @@ from ablate import ray_compat
 from ablate.core.experiment import Experiment
 from ablate.rundir import atomic_write
 from ablate.service.grids import config_from_params, flat_params
+from ablate.service.integrity import CHECKPOINT_FILE, checkpoint_iteration, load_state, newest_loadable
 from ablate.service.spare_cores import SpareCoreMeter
 
 __all__ = ["AblateTrainable", "CHECKPOINT_FILE", "FaultSpec", "InjectedFault", "load_state", "write_checkpoint"]
 
 _log = logging.getLogger("ablate.service.trainable")
 
-CHECKPOINT_FILE = "state.pt"
 CONFIG_FILE = "config.json"
 _FAULT_COUNTER = "ablate_faults_fired"
 #: Idle cores (beyond the trial's own) that switch its batch prefetch thread on for the next report period.
-_SPARE_CORES_FOR_PREFETCH = 0.5
+SPARE_CORES_FOR_PREFETCH = 0.5
 
 
 class InjectedFault(RuntimeError):
@@ -62,15 +62,6 @@ def write_checkpoint(directory: str | os.PathLike, state: dict[str, Any], config
     d = Path(directory)
     atomic_write(d / CHECKPOINT_FILE, lambda p: torch.save(state, p))
     atomic_write(d / CONFIG_FILE, lambda p: p.write_text(json.dumps(config, indent=1, default=str)))
-
-
-def load_state(directory: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Load a checkpoint's state with ``weights_only=True``; a damaged file names itself in the error."""
-    path = Path(directory) / CHECKPOINT_FILE
-    try:
-        return torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as exc:  # torch raises several types for truncated or foreign files
-        raise RuntimeError(f"checkpoint {path} cannot be loaded ({type(exc).__name__}: {exc})") from exc
 
 
 class AblateTrainable(tune.Trainable):
@@ -109,7 +100,7 @@ class AblateTrainable(tune.Trainable):
         self._maybe_inject_fault(n)
         spare = self._spare_cores.spare()
         # the prefetch thread only where it gets an idle core (same numbers either way; see spare_cores.py)
-        self.experiment.prefetch = spare is not None and spare >= _SPARE_CORES_FOR_PREFETCH
+        self.experiment.prefetch = spare is not None and spare >= SPARE_CORES_FOR_PREFETCH
         result = self.experiment.train(n)
         result["prefetch"] = self.experiment.prefetch
         result.update(self.experiment.evaluate())
@@ -131,29 +122,49 @@ class AblateTrainable(tune.Trainable):
     def save_checkpoint(self, checkpoint_dir: str) -> None:
         write_checkpoint(checkpoint_dir, self.experiment.state_dict(), self.params)
 
+    def restore(self, checkpoint_path: Any) -> None:
+        """Restore from the newest checkpoint of this trial that exists and loads, at or before the one Ray
+        recorded (a damaged or deleted one falls back to the previous one, else to a fresh start), and tell Ray
+        that checkpoint's iteration, so the trial's next report is numbered after it (Ray would number it after
+        the one it recorded) and the result log drops the rows the trial reports again. Remote storage: Ray's
+        own restore, with :meth:`load_checkpoint`'s fallback."""
+        folder, metrics = ray_compat.checkpoint_to_restore(checkpoint_path)
+        if folder is None:
+            return super().restore(checkpoint_path)
+        cfg, recorded = self.run_config, metrics.get("training_iteration")
+        max_step = min(recorded * cfg.report_every, cfg.max_steps) if isinstance(recorded, int) else None
+        found = newest_loadable(folder, self.experiment.device, max_step)
+        if found is None:
+            _log.warning("trial %s: no loadable checkpoint; restarting from step 0", self.trial_name)
+            self._build(self.params)  # Ray's counters stay at zero: the trial reports from 1 again
+            return None
+        chosen, state = found
+        if chosen != Path(folder):
+            self._say_earlier(chosen, state)
+        self._loaded = (chosen, state)
+        iteration = checkpoint_iteration(state["step"], cfg.report_every)
+        return super().restore(ray_compat.training_result(str(chosen), {**metrics, "training_iteration": iteration}))
+
     def load_checkpoint(self, checkpoint: str | dict | None) -> None:
         """Restore from ``checkpoint``; a damaged one falls back to the previous one, else a fresh start."""
         if checkpoint is None:
             return
         here = Path(checkpoint)
-        older = sorted((p for p in here.parent.glob("checkpoint_*") if p.is_dir() and p.name < here.name), reverse=True)
-        for candidate in [here, *older]:
-            try:
-                state = load_state(candidate, self.experiment.device)
-            except RuntimeError as exc:
-                _log.warning("%s; trying an earlier checkpoint", exc)
-                continue
-            if candidate != here:
-                _log.warning(
-                    "trial %s: restored from the earlier checkpoint %s (step %s)",
-                    self.trial_name,
-                    candidate,
-                    state["step"],
-                )
-            self.experiment.load_state_dict(state)
+        loaded, self._loaded = getattr(self, "_loaded", None), None
+        found = loaded if loaded is not None and loaded[0] == here else newest_loadable(here, self.experiment.device)
+        if found is None:
+            _log.warning("trial %s: no loadable checkpoint; restarting from step 0", self.trial_name)
+            self._build(self.params)
             return
-        _log.warning("trial %s: no loadable checkpoint; restarting from step 0", self.trial_name)
-        self._build(self.params)
+        candidate, state = found
+        if candidate != here:
+            self._say_earlier(candidate, state)
+        self.experiment.load_state_dict(state)
+
+    def _say_earlier(self, folder: Path, state: dict[str, Any]) -> None:
+        _log.warning(
+            "trial %s: restored from the earlier checkpoint %s (step %s)", self.trial_name, folder, state["step"]
+        )
 
     def reset_config(self, new_config: dict[str, Any]) -> bool:
         self._build(new_config)
