@@ -10,6 +10,7 @@ from typing import Any
 
 from ablate.analysis.text import generator_line, lambda_hat_line
 from ablate.analysis.text import text_table as _table
+from ablate.cli.compare import add_compare_parser
 from ablate.cli.run import cmd_run, resume_command
 from ablate.columns import r2_block_lambda
 from ablate.config import ConfigError, RunConfig, parse_assignments
@@ -279,6 +280,8 @@ def build_parser() -> argparse.ArgumentParser:
     cl.add_argument("run_dir", nargs="+")
     cl.add_argument("--markdown", action="store_true", help="print the summary table of docs/reproduction.md")
     cl.set_defaults(func=cmd_claims)
+
+    add_compare_parser(sub)  # ablate compare RUN --by AXIS: ablate.cli.compare
 
     db = sub.add_parser("dashboard", help="start (or find) the local Ray head and print its dashboard URL")
     db.add_argument("--host", help="interface the dashboard binds to (default 127.0.0.1; others warn)")
