@@ -14,6 +14,7 @@ from typing import Any
 
 import pandas as pd
 
+from ablate.analysis.compare import point_table
 from ablate.analysis.run import Run, generator_table, run_finished, trial_table
 from ablate.reports.panels import PANELS, PanelResult
 from ablate.reports.spec import Dashboard
@@ -165,6 +166,19 @@ def _settings_html(run: Run) -> str:
     return "\n".join(parts)
 
 
+def _points_html(run: Run) -> str:
+    """The trials grouped by grid point: final R² as mean over seeds with its 95 % t interval (none if no point
+    has two seeds)."""
+    points = point_table(run.df, run.ctx.axes)
+    if points.empty or points["seeds"].max() < 2:
+        return ""
+    return (
+        "<details open><summary>grid points: final R², mean over seeds with its 95 % confidence interval "
+        "(Student's t; `ablate compare RUN --by AXIS` tests differences)</summary>"
+        f"{_html_table(points.rename(columns={'mean': 'final R² (mean)', 'ci': '95 % CI'}))}</details>"
+    )
+
+
 def _where_text(v: Any) -> str:
     """A ``where`` value as a reader would say it."""
     if isinstance(v, list):
@@ -242,6 +256,7 @@ def render_html(
     if dashboard.description:
         out.append(f"<p>{html.escape(dashboard.description.strip())}</p>")
     out += ["<h2>Settings</h2>", _settings_html(run), "<h2>Trials</h2>", _html_table(table, status_col="status")]
+    out.append(_points_html(run))
     for i, panel in enumerate(panels):
         spec = panel.spec
         kind = PANELS[spec.kind]

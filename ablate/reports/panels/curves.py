@@ -5,6 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import plotly.graph_objects as go
 
+from ablate.analysis.compare import seed_ci
 from ablate.analysis.run import RunContext, final_rows
 from ablate.analysis.stats import seed_stats
 from ablate.columns import parse_lambda_hat
@@ -50,7 +51,8 @@ def _r2_curves_data(df: pd.DataFrame, spec: PanelSpec, ctx: RunContext) -> pd.Da
         sub = df[df[metric].notna()]
         if sub.empty:
             continue
-        stats = seed_stats(sub, [*axes, x], metric).rename(columns={x: "x"})
+        band = seed_ci if spec.get("band") == "ci95" else seed_stats  # lo/hi: the 95 % interval, or min and max
+        stats = band(sub, [*axes, x], metric).rename(columns={x: "x"})
         stats["metric"] = metric
         stats["series"] = stats.apply(lambda r: point_label({a: r[a] for a in axes}), axis=1)
         if len(metrics) > 1:
@@ -87,12 +89,13 @@ def _draw_curves(
         row, col = where[facet]
         c = colors.get(g["color"].iloc[0], "#444")
         legend = str(g["color"].iloc[0])
-        if int(g["n_seeds"].max()) > 1:
-            xs = list(g["x"])
+        g_band = g[g["n_seeds"].gt(1) & g["lo"].notna() & g["hi"].notna()]  # no band where one seed
+        if not g_band.empty:
+            xs = list(g_band["x"])
             fig.add_trace(
                 go.Scatter(
                     x=xs + xs[::-1],
-                    y=list(g["hi"]) + list(g["lo"])[::-1],
+                    y=list(g_band["hi"]) + list(g_band["lo"])[::-1],
                     fill="toself",
                     fillcolor=rgba(c, 0.18),
                     line={"width": 0},
@@ -136,7 +139,7 @@ def _r2_curves_draw(data: pd.DataFrame, spec: PanelSpec, ctx: RunContext) -> go.
         data,
         spec,
         x_title=spec.get("x"),
-        y_title=metric_names + " (mean over seeds; band: min–max)",
+        y_title=f"{metric_names} (mean over seeds; band: {'95 % CI' if spec.get('band') == 'ci95' else 'min–max'})",
         log_x=bool(spec.get("log_x")),
         y_range=y_range,
     )
@@ -333,7 +336,7 @@ register(
         "r2_curves",
         "R² during training",
         "R² (or another reported metric) against iterations: one line per grid point, the mean over seeds with a "
-        "min–max band, coloured and faceted by grid axes.",
+        "band (min–max, or the 95 % t interval of the mean: band: ci95), coloured and faceted by grid axes.",
         _r2_curves_data,
         _r2_curves_draw,
         {
@@ -342,6 +345,12 @@ register(
             "color": Option(COMMON_FACETS, None, "axis (or axes) giving the line colour", axis=True),
             "facet": Option(COMMON_FACETS, None, "axis (or axes) giving one subplot per value", axis=True),
             "log_x": Option((bool,), False, "log-scale x axis"),
+            "band": Option(
+                (str,),
+                "minmax",
+                "minmax: min–max over seeds; ci95: the mean's 95 % t interval (≥ 2 seeds)",
+                choices=("minmax", "ci95"),
+            ),
         },
     )
 )
