@@ -12,6 +12,7 @@ from ablate.analysis.claims.base import (
     _pct,
     _variant,
 )
+from ablate.analysis.compare import diff_text
 from ablate.analysis.run import RunContext, final_rows
 from ablate.analysis.stats import fixed_lambda_losses, fmt_ms
 from ablate.columns import r2_block_lambda
@@ -55,7 +56,8 @@ def _finetune_beats_plain(fin: pd.DataFrame) -> Check:
         return _not_measured("fine-tuning with hard negatives", crit, "needs finetune_hn and continue_plain")
     return Check(
         "fine-tuning with hard negatives",
-        f"finetune_hn {fmt_ms(ft['r2'])} vs continue_plain {fmt_ms(plain['r2'])}",
+        f"finetune_hn {fmt_ms(ft['r2'])} vs continue_plain {fmt_ms(plain['r2'])}; "
+        + diff_text(ft["r2"], plain["r2"], "finetune_hn", "continue_plain"),
         crit,
         bool(ft["r2"].mean() > plain["r2"].mean()),
     )
@@ -112,7 +114,8 @@ def claim_ensemble(df: pd.DataFrame, ctx: RunContext) -> ClaimResult:
         check = _not_measured("ordering", crit, "needs the three variants")
     else:
         means = [values[v].mean() for v in order]
-        check = Check("ordering", text, crit, bool(means[0] < means[1] < means[2]))
+        pairs = "; ".join(diff_text(values[hi], values[lo], hi, lo) for lo, hi in zip(order, order[1:]))
+        check = Check("ordering", f"{text}; {pairs}", crit, bool(means[0] < means[1] < means[2]))
     return ClaimResult(
         7,
         "Ensemble AnInfoNCE beats AnInfoNCE beats InfoNCE",
@@ -135,7 +138,9 @@ def claim_tricl(df: pd.DataFrame, ctx: RunContext) -> ClaimResult:
         if an.empty or tri.empty:
             continue
         gaps[conc] = (an.mean() - tri.mean(), bool(g["anisotropic"].any()))
-        parts.append(f"Λ={conc}: AnInfoNCE {fmt_ms(an)} vs TriCL {fmt_ms(tri)}")
+        parts.append(
+            f"Λ={conc}: AnInfoNCE {fmt_ms(an)} vs TriCL {fmt_ms(tri)} ({diff_text(an, tri, 'AnInfoNCE', 'TriCL')})"
+        )
     crit_a = "AnInfoNCE final R² ≥ TriCL's at every Λ"
     crit_b = "the AnInfoNCE − TriCL gap is largest for the anisotropic Λ"
     if not gaps:

@@ -22,6 +22,7 @@ from ablate.analysis.claims.base import (
     _sign_ok,
     _variant,
 )
+from ablate.analysis.compare import diff_text
 from ablate.analysis.run import RunContext, final_rows
 from ablate.analysis.stats import block_r2, fmt_ms, iterations_to_targets, mean_sd, seed_stats, spearman
 from ablate.columns import lambda_hat_columns, r2_block_column, r2_block_lambda
@@ -256,7 +257,8 @@ def _linear_lambda(df: pd.DataFrame, top: float, title: str, paper: str) -> Clai
         checks.append(
             Check(
                 "InfoNCE below AnInfoNCE",
-                f"AnInfoNCE {fmt_ms(an['r2'])} vs InfoNCE {fmt_ms(inf['r2'])} (gap {gap:+.3f})",
+                f"AnInfoNCE {fmt_ms(an['r2'])} vs InfoNCE {fmt_ms(inf['r2'])} (gap {gap:+.3f}); "
+                + diff_text(an["r2"], inf["r2"], "AnInfoNCE", "InfoNCE"),
                 crit,
                 bool(gap >= R2_GAP_MIN and gap > noise),
             )
