@@ -12,7 +12,7 @@ from typing import Any
 
 import pandas as pd
 
-from ablate.rundir import TRIAL_PREFIX, RunError, RunReader
+from ablate.rundir import TRIAL_PREFIX, RunError, RunReader, atomic_write
 from ablate.service.grids import axis_text
 
 __all__ = ["LEAD_COLUMNS", "axis_value", "export_results", "load_results"]
@@ -45,8 +45,8 @@ def load_results(run_dir: str | Path) -> pd.DataFrame:
     """One row per trial per report, with the grid axes as columns under their YAML names.
 
     Columns: trial_id, status, every grid axis, seed, training_iteration, step, samples_seen,
-    time_total_s, r2, r2_lambda_<Λ>, r2_dim_<i>, mcc, loss, loss_floor, lambda_hat_<i>, and the other
-    reported metrics. ``df.attrs`` holds the run marker (grid, scale, axes).
+    time_total_s, r2, r2_lambda_<Λ>, r2_dim_<i>, mcc, loss, loss_floor, lambda_hat_<i>, pack (the pack trial and
+    index of a member of a pack, ``ablate run --pack``; empty otherwise), and the other reported metrics. ``df.attrs`` holds the run marker (grid, scale, axes).
     """
     reader = RunReader(run_dir)
     info = reader.marker()
@@ -68,6 +68,7 @@ def load_results(run_dir: str | Path) -> pd.DataFrame:
             for axis in axes:  # the trial's settings win over a metric of the same name
                 rec[axis] = axis_value(params.get(axis))
             rec["seed"] = params.get("seed")
+            rec["pack"] = params.get("pack")  # "<pack trial id>:<index>" for a member of a pack, else empty
             records.append(rec)
     df = pd.DataFrame.from_records(records)
     if not df.empty:
@@ -81,17 +82,20 @@ def load_results(run_dir: str | Path) -> pd.DataFrame:
 
 
 def export_results(run_dir: str | Path, out: str | Path) -> Path:
-    """Write the results table to ``out`` (.csv or .parquet); list-valued cells become JSON text in CSV."""
+    """Write the results table to ``out`` (.csv or .parquet); list-valued cells become JSON text in CSV.
+
+    A local file is written atomically (nothing half-written or temporary is left behind); one that cannot be
+    written raises :class:`ablate.rundir.WriteError` naming ``out``."""
     out = Path(out)
+    if out.suffix not in (".csv", ".parquet"):
+        raise RunError(f"--out {out}: unknown format {out.suffix!r}; allowed: .csv, .parquet")
     df = load_results(run_dir)
     if out.suffix == ".parquet":
-        df.to_parquet(out, index=False)
-    elif out.suffix == ".csv":
+        atomic_write(out, lambda tmp: df.to_parquet(tmp, index=False))
+    else:
         flat = df.copy()
         for col in flat.columns:
             if flat[col].map(lambda v: isinstance(v, list | dict)).any():
                 flat[col] = flat[col].map(lambda v: json.dumps(v) if isinstance(v, list | dict) else v)
-        flat.to_csv(out, index=False)
-    else:
-        raise RunError(f"--out {out}: unknown format {out.suffix!r}; allowed: .csv, .parquet")
+        atomic_write(out, lambda tmp: flat.to_csv(tmp, index=False))
     return out

@@ -39,8 +39,18 @@ from typing import Any
 from pydantic import ValidationError
 
 from ablate.config import ConfigError, RunConfig, did_you_mean, unknown_setting
+from ablate.service.costs import costliest_first, trial_cost  # noqa: F401 - trial_cost: re-exported
 from ablate.service.presets import scale_presets
-from ablate.service.specs import DEFAULT_SCALE, SCALES, STOP_KEYS, GridFile, parse_spec, read_yaml, spec_error
+from ablate.service.specs import (
+    DEFAULT_SCALE,
+    SCALES,
+    STOP_KEYS,
+    GridFile,
+    parse_spec,
+    read_file_text,
+    read_yaml,
+    spec_error,
+)
 from ablate.shipped import SEARCH_SPACES, shipped_files
 
 __all__ = [
@@ -61,7 +71,9 @@ __all__ = [
 #: int, float and str choices, so such a value travels as its JSON text (what optuna.db and optuna-dashboard
 #: show, e.g. ``[10,50,10]``); :func:`flat_params` turns it back into the value.
 JSON_CHOICES = "json_choices"
-META_KEYS = ("grid", "scale", "variant", "point", "fault", JSON_CHOICES)
+#: Param key of a pack trial's members (their grid points), and of a member's ``<pack trial id>:<index>`` label.
+PACK_KEY = "pack"
+META_KEYS = ("grid", "scale", "variant", "point", "fault", JSON_CHOICES, PACK_KEY)
 
 
 class GridError(ValueError):
@@ -146,13 +158,16 @@ class Grid:
     preset: str | None = None  # the named preset applied on top of the base (see apply_settings)
     scale_preset: str | None = None  # the preset the scale starts from (scales.<scale>.preset), under its base
     text: str = ""  # the YAML text the grid was read from (stored in the run marker)
+    overrides: dict[str, Any] = field(default_factory=dict)  # the --set settings (stored in the run marker)
+    replaced: dict[str, list[Any]] = field(default_factory=dict)  # axes a --set replaced: their former values
 
     def apply_settings(self, settings: dict[str, Any], source: str, *, axes_win: bool) -> list[str]:
         """Set RunConfig ``settings`` for every trial; return the keys left to the grid's axes.
 
         ``max_steps`` and ``target_r2`` go to ``stop``, the rest to ``base``. With ``axes_win`` (a preset) an
         axis, Optuna dimension or variant of the same name keeps its values; without it (``--set``) the
-        setting replaces the axis. The trials are validated again, so a bad value fails here.
+        setting replaces the axis (recorded in ``replaced``), while variants and Optuna dimensions that set it
+        keep their values (returned). The trials are validated again, so a bad value fails here.
         """
         kept = []
         for key, value in settings.items():
@@ -162,7 +177,12 @@ class Grid:
             if varied and axes_win:
                 kept.append(key)
                 continue
-            self.axes.pop(key, None)
+            if key in self.axes:
+                self.replaced[key] = self.axes.pop(key)
+            elif varied:
+                kept.append(key)
+            if not axes_win:
+                self.overrides[key] = copy.deepcopy(value)
             (self.stop if key in STOP_KEYS else self.base)[key] = copy.deepcopy(value)
         self.trials  # noqa: B018 - re-validate every trial with the new settings
         return kept
@@ -204,8 +224,12 @@ class Grid:
             else (self.n_trials * int(self.stop["max_steps"]) * int(self.base.get("batch_size", 1000)))
         )
 
-    def param_space(self) -> dict[str, Any]:
-        """The Ray Tune param_space: base settings plus grid_search axes (or Optuna distributions)."""
+    def param_space(self, pack: int = 1) -> dict[str, Any]:
+        """The Ray Tune param_space: base settings plus grid_search axes (or Optuna distributions).
+
+        With ``pack`` > 1 (grid search only) one grid_search value is a pack: up to ``pack`` grid points that share
+        every shape and code path (:func:`ablate.core.pack_fields.pack_groups`), under :data:`PACK_KEY`.
+        """
         from ray import tune
 
         space: dict[str, Any] = {"grid": self.name, "scale": self.scale}
@@ -226,9 +250,14 @@ class Grid:
         trials = self.trials
         variants = {v["name"]: v for v in self.variants}
         points = [{**t.point, "seed": t.seed} | ({"variant": variants[t.variant]} if t.variant else {}) for t in trials]
-        space["point"] = tune.grid_search(
-            [copy.deepcopy(points[i]) for i in costliest_first([t.config for t in trials])]
-        )
+        order = costliest_first([t.config for t in trials])
+        if pack > 1:
+            from ablate.core.pack_fields import pack_groups
+
+            groups = pack_groups([trials[i].config for i in order], pack)
+            space[PACK_KEY] = tune.grid_search([[copy.deepcopy(points[order[j]]) for j in g] for g in groups])
+            return space
+        space["point"] = tune.grid_search([copy.deepcopy(points[i]) for i in order])
         return space
 
     def axis_names(self) -> list[str]:
@@ -237,27 +266,6 @@ class Grid:
         if self.variants:
             names.append("variant")
         return names + ["seed"]
-
-
-def trial_cost(config: RunConfig) -> float:
-    """A trial's estimated training cost in FLOP-equivalents, used only to order trials. Per step: the
-    encoder's forward and backward on both views (and the hard negatives); the loss's (2B)² similarities,
-    whose elementwise passes (exp, log-sum-exp, their gradients) cost about as much as 32 more latent
-    dimensions; and ~1e8 for the step's fixed costs (sampling, optimiser, Python); an ensemble loss runs all of
-    it once per member (one batch per DGP). Calibrated on the laptop batch_vs_dim run of 2026-11-26 (2 CPU
-    cores): it orders that grid's 9 trials as their measured times do, batch size first."""
-    d, b = config.latent_dim, config.batch_size
-    widths = [d, *(int(m) * d for m in config.encoder_widths), d]
-    encoder = 6 * sum(w0 * w1 for w0, w1 in zip(widths, widths[1:])) * b * (2 + config.n_hard_negatives)
-    members = len(config.ensemble) if config.loss == "ensemble_aninfonce" and config.ensemble else 1
-    return float(config.max_steps) * members * (encoder + 6 * (2 * b) ** 2 * (d + 32) + 1e8)
-
-
-def costliest_first(configs: list[RunConfig]) -> list[int]:
-    """Indices of ``configs`` by estimated cost, largest first (ties keep the grid's order): started in this
-    order, the slots run a longest-first schedule, and the grid does not end on one long trial running alone
-    while the other slots idle (docs/performance.md, "Ray overhead")."""
-    return sorted(range(len(configs)), key=lambda i: -trial_cost(configs[i]))
 
 
 def _ray_distribution(dist: dict[str, Any]):
@@ -285,6 +293,16 @@ def flat_params(config: dict[str, Any]) -> dict[str, Any]:
         if isinstance(flat.get(key), str):
             flat[key] = json.loads(flat[key])
     return flat
+
+
+def pack_members(config: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each member's settings (as :func:`flat_params` gives a solo trial's) from a pack trial's config; ``[]`` for
+    a config that is not a pack's."""
+    points = config.get(PACK_KEY)
+    if not isinstance(points, list):
+        return []
+    shared = {k: v for k, v in config.items() if k != PACK_KEY}
+    return [flat_params({**shared, "point": point}) for point in points]
 
 
 def config_from_params(params: dict[str, Any], source: str = "trial") -> RunConfig:
@@ -347,11 +365,8 @@ def load_grid(name_or_path: str, scale: str = DEFAULT_SCALE) -> Grid:
 
 
 def read_text(path: Path) -> str:
-    """A grid file's text; an unreadable file is a :class:`GridError`."""
-    try:
-        return path.read_text()
-    except OSError as exc:
-        raise GridError(f"{path}: cannot read: {exc.strerror}") from None
+    """A grid file's text; an unreadable or binary file is a :class:`GridError` naming it."""
+    return read_file_text(path, GridError)
 
 
 def grid_from_text(text: str, scale: str, path: str | Path) -> Grid:

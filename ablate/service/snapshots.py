@@ -128,6 +128,15 @@ def has_snapshot(run_dir: str | Path) -> bool:
 
 
 def save_backup(staging_dir: str | Path, run_dir: str | Path) -> Path | None:
+    """:func:`_save_backup`; on any failure (a full disk) its temporary folder is removed before the error goes on."""
+    try:
+        return _save_backup(staging_dir, run_dir)
+    except BaseException:
+        shutil.rmtree(Path(run_dir) / BACKUP_DIR / f"tmp-{os.getpid()}", ignore_errors=True)
+        raise
+
+
+def _save_backup(staging_dir: str | Path, run_dir: str | Path) -> Path | None:
     """Copy the newest session's snapshot files from Ray's ``staging_dir`` into ``run_dir/.ablate_snapshot/``.
 
     Call it right after Ray wrote the staging folder (Ray writes it whole, in the driver's thread). The copy

@@ -9,12 +9,12 @@ pydantic model, and every problem becomes one error naming the file, the key pat
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ablate.config import RunConfig, unknown_setting, yaml_loader
+from ablate.files import read_file_text  # re-exported for grids, presets and dashboard specs
 
 __all__ = [
     "DEFAULT_SCALE",
@@ -25,6 +25,7 @@ __all__ = [
     "OptunaSpec",
     "Spec",
     "parse_spec",
+    "read_file_text",
     "read_yaml",
     "spec_error",
     "unknown_settings",
@@ -56,16 +57,17 @@ def read_yaml(source: str | os.PathLike, error: type[Exception], *, text: str | 
     """
     import yaml
 
+    if text is None:
+        text = read_file_text(source, error)
     try:
-        if text is None:
-            text = Path(source).read_text()
         data = yaml.load(text, Loader=yaml_loader())  # noqa: S506 (a SafeLoader subclass)
+    except yaml.reader.ReaderError as exc:  # a control character: not a text file
+        char = exc.character if isinstance(exc.character, int) else ord(exc.character)
+        raise error(f"{source}: not a YAML text file (character #x{char:04x} at position {exc.position})") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
         raise error(f"{source}: malformed YAML at {where}: {getattr(exc, 'problem', exc)}") from None
-    except OSError as exc:
-        raise error(f"{source}: cannot read: {exc.strerror}") from None
     if not isinstance(data, dict):
         raise error(f"{source}: the top level must be a mapping of keys")
     return data

@@ -1,0 +1,231 @@
+"""Bad input gets one clear line before any compute (issue 23, items 9 to 12): a binary grid, preset or dashboard
+file; a run name that would leave --storage; a trial too large for the machine; a --set that replaces an axis;
+a --resume whose grid or --set is not the run's. The CLI runs as a real subprocess; refusals before Ray starts
+are checked to start no Ray (no `run:` line, nothing written to --storage)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import runs_root, smoke_run
+
+CLI = [sys.executable, "-m", "ablate.cli"]
+GIB = 1 << 30
+
+
+def _cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=300, cwd=cwd)
+
+
+def _refused(done: subprocess.CompletedProcess, code: int = 2) -> str:
+    """The one error line of a refused command (no traceback, nothing started)."""
+    assert done.returncode == code, (done.returncode, done.stdout[-2000:], done.stderr[-3000:])
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    (line,) = [x for x in done.stderr.splitlines() if x.startswith("ablate: error: ")]
+    assert [x for x in done.stderr.splitlines() if x.strip()] == [line], done.stderr
+    assert "run: " not in done.stdout, "Ray was started"
+    return line
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    """One real smoke run of batch_vs_dim (Ray), shared with tests/test_report.py in the same session."""
+    return smoke_run("batch_vs_dim", runs_root(tmp_path_factory))
+
+
+# ----------------------------------------------------------------------------------------- binary files
+def _binary(path: Path) -> Path:
+    path.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\xff\xfe")
+    return path
+
+
+@pytest.mark.parametrize("command", ["run", "show"])
+def test_a_binary_grid_file_is_one_line(tmp_path, command):
+    grid = _binary(tmp_path / "grid.yaml")
+    extra = ["--storage", str(tmp_path / "runs")] if command == "run" else []
+    line = _refused(_cli(command, str(grid), "--scale", "smoke", *extra))
+    assert line == f"ablate: error: {grid}: not a text file (byte 0x89 at offset 0 is not UTF-8); expected a YAML file"
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_binary_preset_and_a_control_character_are_one_line(tmp_path):
+    preset = _binary(tmp_path / "preset.yaml")
+    line = _refused(_cli("run", "batch_vs_dim", "--scale", "smoke", "--preset", str(preset)))
+    assert line.startswith(f"ablate: error: {preset}: not a text file (byte 0x89"), line
+    grid = tmp_path / "ctl.yaml"
+    grid.write_text("name: ctl\nbase: {lr: \x01}\n")
+    line = _refused(_cli("show", str(grid)))
+    assert line == f"ablate: error: {grid}: not a YAML text file (character #x0001 at position 21)", line
+
+
+def test_a_binary_dashboard_spec_is_one_line(run_dir, tmp_path):
+    spec = _binary(tmp_path / "dash.yaml")
+    line = _refused(_cli("report", str(run_dir), "--dashboard", str(spec), "--out", str(tmp_path / "r.html")))
+    assert line.startswith(f"ablate: error: {spec}: not a text file"), line
+    assert not (tmp_path / "r.html").exists()
+
+
+# ----------------------------------------------------------------------------------------- run names
+@pytest.mark.parametrize("name", ["../../escape", "ABSOLUTE", "..", "a/b"])
+def test_a_run_name_is_one_folder_inside_the_storage(tmp_path, name):
+    storage = tmp_path / "deep" / "storage"
+    if name == "ABSOLUTE":
+        name = str(tmp_path / "elsewhere")
+    line = _refused(_cli("run", "batch_vs_dim", "--scale", "smoke", "--storage", str(storage), "--name", name))
+    assert line == (
+        f"ablate: error: run name {name!r}: a run name is one folder name inside --storage (not empty, '.' or "
+        "'..', no '/' or '\\'); choose another --name"
+    ), line
+    assert sorted(p.name for p in tmp_path.iterdir()) == [], "something was written outside --storage"
+
+
+def test_resolve_run_dir_refuses_names_that_leave_the_storage(tmp_path):
+    from ablate.rundir import RunError, resolve_run_dir
+
+    assert resolve_run_dir(str(tmp_path), "try-1") == str(tmp_path.resolve() / "try-1")
+    for name in ("../x", "/abs", ".", "", "a\\b", "s3://b/x"):
+        with pytest.raises(RunError, match="a run name is one folder name"):
+            resolve_run_dir(str(tmp_path), name)
+    with pytest.raises(RunError):
+        resolve_run_dir("s3://bucket/runs", "../other")
+
+
+# ----------------------------------------------------------------------------------------- memory
+def test_batch_size_1e9_is_refused_before_ray_naming_setting_estimate_and_memory(tmp_path):
+    """`--set batch_size=1e9` parses as the integer 10⁹ (YAML 1.2 exponent, pydantic's int), says it replaces
+    the batch_size axis, and is refused before Ray starts: the setting, the estimate and the memory available."""
+    storage = tmp_path / "runs"
+    done = _cli("run", "batch_vs_dim", "--scale", "smoke", "--set", "batch_size=1e9", "--storage", str(storage))
+    line = _refused(done)
+    assert done.stdout.splitlines()[0] == "--set batch_size=1e9: replaces the grid's axis batch_size (was [16,32])"
+    assert "batch_size=1000000000" in line and "needs about" in line and "GiB of memory" in line, line
+    assert "available (MemAvailable in /proc/meminfo" in line and "lower batch_size" in line, line
+    assert not storage.exists()
+
+
+def test_1e9_is_an_integer_batch_size():
+    from ablate.config import RunConfig, parse_assignments
+
+    config = RunConfig.build(parse_assignments(["batch_size=1e9"]), "--set")
+    assert config.batch_size == 10**9 and isinstance(config.batch_size, int)
+
+
+def _peak_rss_mib(config: dict) -> float:
+    """VmHWM of a fresh process that builds the experiment, trains 2 steps and evaluates once."""
+    script = (
+        "import json, sys, torch\nfrom ablate.config import RunConfig\nfrom ablate.core.experiment import Experiment\n"
+        "torch.set_num_threads(1)\nexp = Experiment(RunConfig(**json.loads(sys.argv[1])))\nexp.prefetch = False\n"
+        "exp.train(2)\nexp.evaluate()\n"
+        "print(next(int(l.split()[1]) for l in open('/proc/self/status') if l.startswith('VmHWM')) / 1024)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, json.dumps(config)], capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return float(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="VmHWM needs Linux /proc")
+def test_the_memory_estimate_bounds_a_measured_trial():
+    """The estimate is an upper bound of a real trial's peak, and not a wild one: batch 4096 at d = 10 with the
+    reference encoder, whose peak is the evaluation's (2B)² logits (docs/performance.md has the calibration)."""
+    from ablate.config import RunConfig
+    from ablate.service.costs import peak_memory
+
+    config = {"batch_size": 4096, "concentration": 75, "generator_cond_samples": 2000}
+    measured = _peak_rss_mib(config)
+    estimate = peak_memory(RunConfig(**config)).host / 2**20
+    assert measured <= estimate <= 2 * measured, (measured, estimate)
+
+
+def _grid(batch_sizes: list[int]):
+    from ablate.service.grids import load_grid
+
+    grid = load_grid("batch_vs_dim", "smoke")  # axes batch_size × latent_dim [3, 6]
+    grid.axes["batch_size"] = batch_sizes
+    return grid
+
+
+def test_check_memory_refuses_a_trial_or_a_concurrency_the_machine_cannot_hold():
+    from ablate.service.costs import peak_memory
+    from ablate.service.memory import Machine, MemoryRefused, check_memory
+
+    grid = _grid([16, 8192])
+    big = max(peak_memory(t.config).host for t in grid.trials)
+    machine = Machine(ram=big - 1, ram_source="test machine", cpus=4)
+    with pytest.raises(MemoryRefused, match=r"trial batch_size=8192,latent_dim=6,seed=0: needs about .* GiB of memory"):
+        check_memory(grid, machine=machine)
+    roomy = Machine(ram=big + 1, ram_source="test machine", cpus=4)
+    with pytest.raises(MemoryRefused, match=r"4 trials at once .* run fewer at once: --max-concurrent 1"):
+        check_memory(grid, machine=roomy)
+    check_memory(grid, max_concurrent=1, machine=roomy)  # one at a time fits
+    check_memory(grid, machine=Machine(ram=None, ram_source="unknown", cpus=4))  # unknown RAM: no refusal
+    check_memory(grid, address="auto", machine=machine)  # a cluster's machines are not known here
+
+
+def test_check_memory_refuses_a_trial_larger_than_the_gpu():
+    from ablate.service.memory import Machine, MemoryRefused, check_memory
+
+    grid = _grid([65536])
+    machine = Machine(ram=64 * GIB, ram_source="test machine", gpus=(16 * GIB,), cpus=4)
+    with pytest.raises(MemoryRefused, match=r"needs about .* GiB of GPU memory .* than the 16.0 GiB available"):
+        check_memory(grid, gpus_per_trial=1, max_concurrent=1, machine=machine)
+    check_memory(_grid([1024]), gpus_per_trial=1, max_concurrent=1, machine=machine)
+
+
+def test_a_set_of_an_axis_is_recorded_and_a_variant_keeps_its_own():
+    from ablate.service.grids import load_grid
+
+    grid = load_grid("batch_vs_dim", "smoke")
+    assert grid.apply_settings({"batch_size": 64, "lr": 0.01}, "--set", axes_win=False) == []
+    assert grid.replaced == {"batch_size": [16, 32]} and grid.overrides == {"batch_size": 64, "lr": 0.01}
+    grid = load_grid("anisotropy", "smoke")
+    assert grid.apply_settings({"loss": "infonce"}, "--set", axes_win=False) == ["loss"]
+
+
+# ----------------------------------------------------------------------------------------- resume
+def test_resume_with_another_set_is_refused_naming_it(run_dir):
+    done = _cli(
+        "run", "batch_vs_dim", "--scale", "smoke", "--set", "lr=0.5", "--storage", str(run_dir.parent),
+        "--name", run_dir.name, "--resume",
+    )  # fmt: skip
+    line = _refused(done)
+    assert f"--resume: {run_dir} is another run than this command describes: lr: 0.0001 -> 0.5;" in line, line
+    assert "--set was not given, now lr=0.5" in line and "start a new run with another --name" in line, line
+
+
+def test_resume_with_a_changed_grid_file_of_the_same_name_is_refused(run_dir, tmp_path):
+    """The grid file now has one trial where the run has four: refused, not "1 trials" then the stored 4."""
+    from ablate.service.grids import known_grids
+
+    edited = tmp_path / "batch_vs_dim.yaml"
+    shutil.copy(known_grids()["batch_vs_dim"], edited)
+    text = edited.read_text()
+    assert "axes: {batch_size: [16, 32], latent_dim: [3, 6]}" in text
+    edited.write_text(text.replace("batch_size: [16, 32], latent_dim: [3, 6]", "batch_size: [16], latent_dim: [3]"))
+    done = _cli(
+        "run", str(edited), "--scale", "smoke", "--storage", str(run_dir.parent), "--name", run_dir.name, "--resume"
+    )
+    line = _refused(done)
+    assert "the run has 4 trials, the grid now resolves to 1" in line, line
+    assert "(not in the grid now: batch_size=16,latent_dim=6,seed=0" in line, line
+
+
+def test_the_marker_records_the_run_exactly(run_dir):
+    """The marker of a real run holds its --set and every resolved trial; the same grid differs in nothing,
+    another --set in exactly that setting."""
+    from ablate.rundir import read_marker
+    from ablate.service.grids import load_grid
+    from ablate.service.same_run import differences
+
+    info = read_marker(run_dir)
+    assert info["settings"] == {} and len(info["resolved"]["trials"]) == 4
+    assert differences(info, load_grid("batch_vs_dim", "smoke")) == []
+    grid = load_grid("batch_vs_dim", "smoke")
+    grid.apply_settings({"max_steps": 20}, "--set", axes_win=False)
+    assert differences(info, grid) == ["max_steps: 10 -> 20", "--set was not given, now max_steps=20"]
