@@ -10,8 +10,8 @@ from pathlib import Path
 from ray.tune import Callback
 
 from ablate import ray_compat
-from ablate.rundir import PARAMS_FILE, RESULT_FILE, atomic_write
-from ablate.service.grids import flat_params
+from ablate.rundir import PACK_FILE, PARAMS_FILE, RESULT_FILE, TRIAL_PREFIX, atomic_write, member_id
+from ablate.service.grids import PACK_KEY, flat_params, pack_members
 from ablate.service.snapshots import save_backup
 from ablate.service.trust import sign_session
 
@@ -166,20 +166,59 @@ class ResultLog(Callback):
     def on_trial_start(self, iteration, trials, trial, **info):
         folder = Path(ray_compat.trial_folder(trial))
         folder.mkdir(parents=True, exist_ok=True)
-        params = flat_params(trial.config)  # the grid point's axes at the top level, where readers look
-        text = json.dumps(params, indent=2, sort_keys=True, cls=ray_compat.json_encoder())
-        atomic_write(folder / PARAMS_FILE, lambda p: p.write_text(text))
+        members = pack_members(trial.config)
+        if members:  # a pack: its folder keeps the checkpoints, each member gets a trial folder of its own
+            ids = [member_id(trial.trial_id, i) for i in range(len(members))]
+            _write_json(folder / PACK_FILE, {"members": ids})
+            for i, params in enumerate(members):
+                (folder.parent / f"{TRIAL_PREFIX}{ids[i]}").mkdir(exist_ok=True)
+                _write_json(folder.parent / f"{TRIAL_PREFIX}{ids[i]}" / PARAMS_FILE, _member_label(params, trial, i))
+            return
+        _write_json(folder / PARAMS_FILE, flat_params(trial.config))  # the grid point's axes at the top level
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
-        path = Path(ray_compat.trial_folder(trial)) / RESULT_FILE
+        folder = Path(ray_compat.trial_folder(trial))
+        if isinstance(result.get("members"), list):  # a pack: one row per member that reported
+            members = pack_members(trial.config)
+            shared = {k: v for k, v in result.items() if k not in _PACK_RESULT_KEYS}
+            for i, row in enumerate(result["members"]):
+                if row is None:  # finished (or failed) in an earlier report
+                    continue
+                mid = member_id(trial.trial_id, i)
+                config = _member_label(members[i], trial, i)
+                self._append(
+                    folder.parent / f"{TRIAL_PREFIX}{mid}" / RESULT_FILE,
+                    mid,
+                    {**shared, **row, "trial_id": mid, "pack": config[PACK_KEY], "config": config},
+                )
+            pack_row = {k: v for k, v in result.items() if k != "members"}  # what Ray's own readers look for
+            self._append(folder / RESULT_FILE, trial.trial_id, pack_row)
+            return
+        if isinstance(result.get("config"), dict):  # the grid point's values at the top level, as in params.json
+            result = {**result, "config": flat_params(result["config"])}
+        self._append(folder / RESULT_FILE, trial.trial_id, result)
+
+    def _append(self, path: Path, key: str, result: dict) -> None:
         it = result.get("training_iteration")
         if isinstance(it, int):
-            last = self._last_iteration.get(trial.trial_id)
+            last = self._last_iteration.get(key)
             if last is None:  # first report of this trial in this driver: what the log already holds
                 last = _last_logged_iteration(path)
             if last is not None and it <= last:  # replayed from an earlier checkpoint: drop the rows it redoes
                 drop_rows_from(path, it)
-            self._last_iteration[trial.trial_id] = it
-        if isinstance(result.get("config"), dict):  # the grid point's values at the top level, as in params.json
-            result = {**result, "config": flat_params(result["config"])}
+            self._last_iteration[key] = it
         append_row(path, result)
+
+
+#: A pack trial's own result keys that are not a member's: the member rows and the pack-wide means.
+_PACK_RESULT_KEYS = ("members", "r2", "loss", "mcc", "step", "done", "config", "trial_id")
+
+
+def _member_label(params: dict, trial, index: int) -> dict:
+    """A member's params.json: its settings and ``pack`` = ``<pack trial id>:<index>``."""
+    return {**params, PACK_KEY: f"{trial.trial_id}:{index}"}
+
+
+def _write_json(path: Path, data: dict) -> None:
+    text = json.dumps(data, indent=2, sort_keys=True, cls=ray_compat.json_encoder())
+    atomic_write(path, lambda p: p.write_text(text))

@@ -1,0 +1,158 @@
+"""Packs in the service (`ablate run --pack K`): one Ray trial trains several grid points as one batched model, and
+everything downstream (trial folders, status, export, report, claims, resume) sees ordinary trials.
+
+On this CPU a member of a pack computes exactly what its solo trial computes (tests/test_pack.py shows it for the
+maths), so the packed and unpacked runs are compared for equality, not within a tolerance.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import subprocess
+import time
+
+import pandas as pd
+import pytest
+from conftest import run_logged, runs_root, smoke_cmd, smoke_run
+
+from ablate import cli
+from ablate.analysis.claims.evaluate import evaluate_run
+from ablate.analysis.results import load_results
+from ablate.core.pack_fields import pack_groups
+from ablate.service.grids import PACK_KEY, known_grids, load_grid
+from ablate.service.pack_trainable import PackTrainable
+
+#: Columns that differ between two runs of the same numbers: ids, timing, host, and where the batch was drawn.
+_RUN_SPECIFIC = {"trial_id", "pack", "time_total_s", "prefetch"}
+
+
+def _packable(name: str) -> bool:
+    grid = load_grid(name, "smoke")
+    return grid.search == "grid" and any(len(g) > 1 for g in pack_groups([t.config for t in grid.trials], 8))
+
+
+PACKABLE = [n for n in sorted(known_grids()) if _packable(n)]
+
+
+def _by_point(df: pd.DataFrame) -> pd.DataFrame:
+    keys = [c for c in (*df.attrs["axes"], "seed", "training_iteration") if c in df.columns]
+    cols = sorted(c for c in df.columns if c not in _RUN_SPECIFIC)
+    return df[cols].sort_values(keys, kind="stable").reset_index(drop=True)
+
+
+def test_every_grid_that_can_pack_has_a_pack_at_smoke_scale():
+    assert {"anisotropy", "batch_vs_lambda"} <= set(PACKABLE), PACKABLE
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", PACKABLE)
+def test_a_packed_run_equals_the_unpacked_run_row_for_row(name, ray_session, tmp_path, tmp_path_factory):
+    solo = load_results(smoke_run(name, runs_root(tmp_path_factory)))
+    code = cli.main(["run", name, "--scale", "smoke", "--storage", str(tmp_path), "--name", "packed", "--pack", "8"])
+    assert code == 0
+    packed = load_results(tmp_path / "packed")
+    assert sorted(packed.columns) == sorted(solo.columns)
+    assert len(packed) == len(solo) and packed["trial_id"].nunique() == solo["trial_id"].nunique()
+    assert packed["pack"].notna().all() and solo["pack"].isna().all()
+    assert (packed["status"] == "TERMINATED").all()
+    pd.testing.assert_frame_equal(_by_point(packed), _by_point(solo), check_dtype=False)
+    # one Ray trial per pack; every member has its own folder with params.json and result.json
+    grid = load_grid(name, "smoke")
+    n_packs = len(pack_groups([t.config for t in grid.trials], 8))
+    assert len(list((tmp_path / "packed").glob("trial_*/pack.json"))) == n_packs
+    assert len(list((tmp_path / "packed").glob("trial_*-m*/params.json"))) == grid.n_trials
+    # the report and the claims read it as they read the unpacked run: the same verdicts on the same numbers
+    assert (tmp_path / "packed" / "report.html").is_file()
+    assert cli.main(["status", str(tmp_path / "packed")]) == 0
+    claims = [evaluate_run(d) for d in (tmp_path / "packed", smoke_run(name, runs_root(tmp_path_factory)))]
+    assert [(r.claim, r.status, r.value, [c.value for c in r.checks]) for r in claims[0]] == [
+        (r.claim, r.status, r.value, [c.value for c in r.checks]) for r in claims[1]
+    ]
+
+
+def _pack_params(**member_overrides):
+    grid = load_grid("batch_vs_lambda", "smoke")
+    base = {"grid": grid.name, "scale": "smoke", **grid.base, **grid.stop, "max_steps": 60, "report_every": 20}
+    points = [{"seed": 0}, {"seed": 1, **member_overrides}, {"seed": 2}]
+    return {**base, PACK_KEY: points}
+
+
+def test_a_member_that_reaches_its_target_freezes_and_the_others_go_on():
+    trainable = PackTrainable(config=_pack_params(target_r2=1e-6))  # member 1 is "done" at its first report (R² > 0)
+    first = trainable.train()
+    assert first["members"][1]["done"] and not first["done"]
+    frozen = trainable.experiment.pack.member_state_dict(1)
+    later = [trainable.train() for _ in range(2)]
+    assert all(r["members"][1] is None for r in later), "a finished member reports once"
+    assert [r["members"][0]["step"] for r in later] == [40, 60] and later[-1]["done"]
+    after = trainable.experiment.pack.member_state_dict(1)
+    assert after["step"] == frozen["step"] == 20
+    for key in ("encoder", "loss"):
+        for name, tensor in frozen[key].items():
+            assert after[key][name].equal(tensor), f"{key}.{name} changed after the member froze"
+    assert "AblatePack[batch_vs_lambda:3:" in repr(trainable) and "seed=0" in repr(trainable)
+    trainable.stop()
+
+
+def test_a_member_whose_loss_goes_non_finite_is_an_error_and_the_others_go_on():
+    trainable = PackTrainable(config=_pack_params(lr=1e30, lr_lambda=1e30))
+    rows = [trainable.train() for _ in range(3)]
+    errors = [r["members"][1] for r in rows if r["members"][1] is not None and "member_error" in r["members"][1]]
+    assert len(errors) == 1 and "non-finite" in errors[0]["member_error"]
+    assert rows[-1]["done"] and rows[-1]["members"][0]["step"] == 60
+    assert all(math.isfinite(r["members"][0]["r2"]) for r in rows)
+    trainable.stop()
+
+
+def test_a_pack_checkpoint_resumes_to_the_same_numbers(tmp_path):
+    params = _pack_params()
+    straight = PackTrainable(config=params)
+    first = [straight.train() for _ in range(3)]
+    interrupted = PackTrainable(config=params)
+    interrupted.train()
+    interrupted.save_checkpoint(str(tmp_path))
+    resumed = PackTrainable(config=params)
+    resumed.load_checkpoint(str(tmp_path))
+    later = [resumed.train() for _ in range(2)]
+    for a, b in zip(first[1:], later):
+        for ma, mb in zip(a["members"], b["members"]):
+            assert {k: ma[k] for k in ("step", "r2", "loss", "mcc")} == {
+                k: mb[k] for k in ("step", "r2", "loss", "mcc")
+            }
+    for t in (straight, interrupted, resumed):
+        t.stop()
+
+
+def test_pack_is_refused_for_a_search(tmp_path, capsys):
+    code = cli.main(["run", "tune_aninfonce", "--scale", "smoke", "--storage", str(tmp_path), "--pack", "4"])
+    assert code != 0
+    assert "--pack 4: tune_aninfonce is an Optuna search" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_an_interrupted_packed_run_resumes_with_every_report_once(tmp_path):
+    """Ctrl-C mid-run of a packed grid, then --resume: the export equals an uninterrupted unpacked run's."""
+    extra = ("--set", "max_steps=400", "report_every=20", "--no-report")
+    argv = [*smoke_cmd(tmp_path, "--name", "p", "--pack", "2", *extra)]
+    argv[argv.index("batch_vs_dim")] = "batch_vs_lambda"
+    log = tmp_path / "first.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.time() + 240
+        while time.time() < deadline and proc.poll() is None:
+            if len(list((tmp_path / "p").glob("trial_*-m*/result.json"))) >= 2:
+                break
+            time.sleep(0.2)
+        time.sleep(2)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=120) == 130, log.read_text()[-3000:]
+    code, text = run_logged([*argv, "--resume"], tmp_path / "resume.log")
+    assert code == 0, text[-3000:]
+    solo_argv = [*smoke_cmd(tmp_path, "--name", "s", *extra)]
+    solo_argv[solo_argv.index("batch_vs_dim")] = "batch_vs_lambda"
+    code, text = run_logged(solo_argv, tmp_path / "solo.log")
+    assert code == 0, text[-3000:]
+    packed, solo = load_results(tmp_path / "p"), load_results(tmp_path / "s")
+    assert packed.groupby("trial_id")["training_iteration"].apply(lambda s: list(s) == list(range(1, 21))).all()
+    pd.testing.assert_frame_equal(_by_point(packed), _by_point(solo), check_dtype=False)
