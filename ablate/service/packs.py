@@ -10,22 +10,12 @@ from __future__ import annotations
 from ablate.config import ConfigError
 from ablate.service.grids import Grid
 
-__all__ = ["AUTO_MAX", "member_bytes", "resolve_pack"]
+__all__ = ["AUTO_MAX", "resolve_pack"]
 
 #: The largest pack ``auto`` chooses (the measured gain flattens past 32 members).
 AUTO_MAX = 32
 #: The share of the trial's GPU memory ``auto`` fills.
 _GPU_SHARE = 0.8
-
-
-def member_bytes(config) -> int:
-    """A generous estimate of one member's peak device memory in a training step (bytes): the (2B)² logits with
-    their softmax and gradient, the encoder's activations for every view, and g's, in the run's dtype."""
-    b, d = config.batch_size, config.latent_dim
-    rows = b * (2 + config.n_hard_negatives)
-    width = sum(int(m) * d for m in config.encoder_widths) + 2 * d
-    floats = 4 * (2 * b) ** 2 + 3 * rows * width + 4 * rows * d * config.generator_layers
-    return floats * (8 if config.dtype == "float64" else 4)
 
 
 def resolve_pack(value: str | int | None, grid: Grid, gpus_per_trial: float) -> int:
@@ -52,5 +42,7 @@ def resolve_pack(value: str | int | None, grid: Grid, gpus_per_trial: float) -> 
     configs = [t.config for t in grid.trials]
     largest = max(len(g) for g in pack_groups(configs))
     total = torch.cuda.get_device_properties(0).total_memory * min(gpus_per_trial, 1.0) * _GPU_SHARE
-    fits = max(1, int(total // max(member_bytes(c) for c in configs)))
+    from ablate.service.costs import peak_memory
+
+    fits = max(1, int(total // max(peak_memory(c, gpu=True).device for c in configs)))
     return max(1, min(AUTO_MAX, largest, fits))
