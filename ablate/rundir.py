@@ -16,6 +16,8 @@ Layout of a run directory::
     best_config.json           an Optuna grid's best setting (BEST_CONFIG_FILE)
     optuna.db                  an Optuna grid's study (OPTUNA_DB, SQLite)
     report.html                the report (REPORT_FILE)
+    ablate_provenance.jsonl    what produced the run: one line per start and resume (PROVENANCE_FILE)
+    ablate_environment.txt     the installed distributions at the newest start or resume (ENVIRONMENT_FILE)
     ablate_interrupted.json    present while a run stopped by Ctrl-C waits for --resume (INTERRUPTED_FILE)
     ablate_driver.lock         locked by the live `ablate run` writing the run: pid, host, start (DRIVER_LOCK)
     trial_<id>/pack.json       a pack trial's folder (checkpoints of its members' stacked state): members' ids
@@ -42,7 +44,9 @@ __all__ = [
     "INTERRUPTED_FILE",
     "MARKER_TIME_FORMAT",
     "OPTUNA_DB",
+    "ENVIRONMENT_FILE",
     "PACK_FILE",
+    "PROVENANCE_FILE",
     "PARAMS_FILE",
     "REPORT_FILE",
     "RESULT_FILE",
@@ -86,6 +90,11 @@ OPTUNA_DB = "optuna.db"
 REPORT_FILE = "report.html"
 #: Trial folders are named ``trial_<trial id>``.
 TRIAL_PREFIX = "trial_"
+#: What produced the run, one JSON line per start and --resume (ablate.provenance). Not ``.json``: Ray copies the
+#: run directory's ``.json`` files into its staging folder on a resume and back at each snapshot.
+PROVENANCE_FILE = "ablate_provenance.jsonl"
+#: The installed distributions (``name==version``) of the newest start or resume.
+ENVIRONMENT_FILE = "ablate_environment.txt"
 #: Marks a pack trial's folder (its members' ids and grid points); readers list its members, not the folder.
 PACK_FILE = "pack.json"
 #: The param key of a pack trial's members (their grid points), as ablate.service.grids writes it.
@@ -274,6 +283,15 @@ class RunReader:
         if not isinstance(info, dict) or "grid" not in info:
             raise RunError(f"{self.uri}/{RUN_MARKER}: not an ablate run marker")
         return info
+
+    def provenance(self) -> list[dict[str, Any]]:
+        """Every provenance record of the run (start, then each resume), oldest first; [] for older runs."""
+        out = []
+        for line in (self.read_text(PROVENANCE_FILE) or "").splitlines():
+            record = _parsed(line)
+            if isinstance(record, dict):
+                out.append(record)
+        return out
 
     def params(self, trial_dir: str) -> dict[str, Any] | None:
         """A trial's params.json, or None when it is missing or damaged."""

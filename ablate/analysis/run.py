@@ -51,6 +51,7 @@ class Run:
     params: dict[str, dict[str, Any]]
     statuses: dict[str, str]
     ctx: RunContext
+    provenance: list[dict[str, Any]] = field(default_factory=list)  # what produced the run (ablate.provenance)
 
     @property
     def name(self) -> str:
@@ -105,7 +106,14 @@ def load_run(run_dir: str | Path) -> Run:
         paper_values=dict(grid.paper_values) if grid else {},
     )
     return Run(
-        run_dir=str(run_dir), df=df, marker=marker, grid=grid, params=params, statuses=reader.statuses(), ctx=ctx
+        run_dir=str(run_dir),
+        df=df,
+        marker=marker,
+        grid=grid,
+        params=params,
+        statuses=reader.statuses(),
+        ctx=ctx,
+        provenance=reader.provenance(),
     )
 
 

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from ablate.pidlock import lock_holder
+from ablate.provenance import summary_line
 from ablate.rundir import DRIVER_LOCK, INTERRUPTED, TRIAL_PREFIX, RunReader, is_remote
 from ablate.service.grids import axis_text, flat_params, natural_key
 from ablate.service.integrity import log_problem
@@ -78,4 +79,15 @@ def run_status(run_dir: str | Path) -> dict[str, Any]:
         "trials": rows,
         "damaged": damaged,
         "driver": driver,
+        "provenance": _provenance_line(reader),
     }
+
+
+def _provenance_line(reader: RunReader) -> str | None:
+    """What produced the run (:func:`ablate.provenance.summary_line` of its newest record) and how often it was
+    resumed; None for runs made before provenance was recorded."""
+    records = reader.provenance()
+    if not records:
+        return None
+    resumes = sum(r.get("event") == "resume" for r in records)
+    return summary_line(records[-1]) + (f"; resumed {resumes}×" if resumes else "")

@@ -131,6 +131,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     print("  ".join(f"{k}: {v}" for k, v in info["counts"].items()))
     if info.get("driver"):
         print("driver: ablate pid {pid} on host {host} since {since}".format(**info["driver"]))
+    if info.get("provenance"):
+        print(f"made by: {info['provenance']}")
     print(_table(info["trials"]))
     for trial_id, problem in info["damaged"].items():
         print(f"trial {trial_id}: {problem}; `ablate run … --resume` runs the missing reports again")

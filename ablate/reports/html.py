@@ -16,6 +16,7 @@ import pandas as pd
 
 from ablate.analysis.compare import point_table
 from ablate.analysis.run import Run, generator_table, run_finished, trial_table
+from ablate.provenance import summary_line
 from ablate.reports.panels import PANELS, PanelResult
 from ablate.reports.spec import Dashboard
 
@@ -104,6 +105,8 @@ def _settings_html(run: Run) -> str:
         ("created", marker.get("created")),
         ("ablate version", marker.get("ablate_version")),
     ]
+    for record in run.provenance:  # what produced the run: its start and each resume
+        rows.append((f"{record.get('event', 'start')} {record.get('time', '')}", summary_line(record)))
     parts = []
     if grid is not None:
         rows += [

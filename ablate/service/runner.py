@@ -40,6 +40,7 @@ from ablate.service.driver_lock import one_driver
 from ablate.service.grids import Grid, GridError, axis_text, flat_params, pack_members
 from ablate.service.integrity import mend_for_resume
 from ablate.service.memory import check_memory
+from ablate.service.provenance import record_provenance
 from ablate.service.same_run import check_same_run, run_record
 from ablate.service.search import save_best, tune_config
 from ablate.service.snapshots import BACKUP_DIR, DISCARDED_DIR, SnapshotError, choose_snapshot, has_snapshot
@@ -284,6 +285,8 @@ def run_grid(
         if mended and mended.rewritten:
             sign_files(run_dir, mended.rewritten)
         remove_file(f"{run_dir}/{INTERRUPTED_FILE}")  # a driver runs the trials again
+        if local:
+            record_provenance(run_dir, "resume")
     elif state_exists:
         raise RunError(f"{run_dir} already holds a run: add --resume to continue it, or choose another --name")
 
@@ -296,6 +299,8 @@ def run_grid(
         from ablate.service.trainable import AblateTrainable as trainable_class
     if not resume:
         write_marker(run_dir, {**_marker(grid), "pack": pack})
+        if local:
+            record_provenance(run_dir, "start")
     ray_info = init_ray(address, num_cpus=num_cpus, dashboard=dashboard)
     ray_compat.reclaim_sigterm()  # Ray's crash handler took SIGTERM: Python's handler (the CLI's) again
     if on_start is not None:
