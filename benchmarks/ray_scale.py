@@ -41,7 +41,8 @@ def run_overhead(run_dir: str | os.PathLike, slots: int | None = None) -> dict:
     """Overhead of a finished run from its own records: wall = its marker's creation to its last report."""
     from ablate.analysis.claims.evaluate import run_wall_s
     from ablate.rundir import RunReader
-    from ablate.service.grids import config_from_params, trial_cost
+    from ablate.service.costs import trial_cost
+    from ablate.service.params import config_from_params
 
     reader = RunReader(run_dir)
     compute, cost = [], []

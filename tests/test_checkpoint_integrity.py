@@ -30,7 +30,7 @@ def _grid(**base):
     grid = load_grid("batch_vs_dim", "smoke")
     grid.axes = {"batch_size": [32], "latent_dim": [3]}
     grid.base.update(base)
-    grid.stop["max_steps"] = MAX_STEPS
+    grid.stop.max_steps = MAX_STEPS
     return grid
 
 

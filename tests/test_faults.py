@@ -8,6 +8,7 @@ import pytest
 
 from ablate.service.grids import load_grid
 from ablate.service.runner import run_grid
+from ablate.service.specs import VariantSpec
 
 pytestmark = pytest.mark.slow
 
@@ -16,7 +17,7 @@ def _one_trial_grid(**base):
     grid = load_grid("batch_vs_dim", "smoke")
     grid.axes = {"batch_size": [32], "latent_dim": [3]}
     grid.base.update(base)
-    grid.stop["max_steps"] = 25
+    grid.stop.max_steps = 25
     return grid
 
 
@@ -40,7 +41,8 @@ def test_trial_that_raises_is_retried_from_its_checkpoint(ray_session, tmp_path)
 
 def test_trial_that_keeps_failing_errors_without_taking_others_down(ray_session, tmp_path):
     grid = _one_trial_grid()
-    grid.variants = [{"name": "healthy"}, {"name": "broken", "fault": {"at_step": 7, "times": 10}}]
+    fault = {"at_step": 7, "times": 10}  # a test-only key, never from a grid file: set without validation
+    grid.variants = [VariantSpec(name="healthy"), VariantSpec.model_construct(name="broken", fault=fault)]
     outcome = run_grid(grid, storage=str(tmp_path), name="broken", verbose=0, max_failures=1)
     (failed,) = outcome.failed
     assert failed.params["variant"]["name"] == "broken" and "injected fault" in failed.error
@@ -51,8 +53,8 @@ def test_trial_that_keeps_failing_errors_without_taking_others_down(ray_session,
 def test_nonfinite_loss_errors_the_trial_names_the_step_and_keeps_the_others(ray_session, tmp_path):
     grid = _one_trial_grid()
     grid.variants = [
-        {"name": "healthy"},
-        {"name": "diverging", "normalize_output": False, "lr": 1.0e6, "lr_lambda": 1.0e6},
+        VariantSpec(name="healthy"),
+        VariantSpec(name="diverging", normalize_output=False, lr=1.0e6, lr_lambda=1.0e6),
     ]
     outcome = run_grid(grid, storage=str(tmp_path), name="nan", verbose=0, max_failures=0)
     (failed,) = outcome.failed

@@ -24,7 +24,7 @@ def resolved(name: str, scale: str) -> dict:
     """The grid ``name`` at ``scale``: its Optuna search and every trial's label → non-default settings."""
     grid = load_grid(name, scale)
     return {
-        "optuna": grid.optuna,
+        "optuna": grid.optuna_dict(),
         "trials": {t.label: t.config.model_dump(mode="json", exclude_defaults=True) for t in grid.trials},
     }
 

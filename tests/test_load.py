@@ -21,7 +21,7 @@ def test_two_hundred_trials_lose_nothing(ray_session, tmp_path):
     grid.axes = {"batch_size": [8, 12, 16, 20, 24, 28, 32, 36, 40, 44], "latent_dim": [2, 3, 4, 5, 6]}
     grid.seeds = [0, 1, 2, 3]
     grid.base.update({"report_every": 4, "eval_samples": 64})
-    grid.stop["max_steps"] = 12
+    grid.stop.max_steps = 12
     assert grid.n_trials == 200
     outcome = run_grid(grid, storage=str(tmp_path), name="load", verbose=0)
     assert not outcome.failed, [t.error for t in outcome.failed][:3]

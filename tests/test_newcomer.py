@@ -85,7 +85,7 @@ def test_variants_choose_a_subset_of_a_grid_and_travel_into_the_resume_command()
 
     grid = load_grid("anisotropy", "laptop")
     grid.select_variants(["aninfonce", "infonce"], "--variants")
-    assert [v["name"] for v in grid.variants] == ["infonce", "aninfonce"]  # the grid's order
+    assert [v.name for v in grid.variants] == ["infonce", "aninfonce"]  # the grid's order
     assert grid.n_trials == len(grid.trials) == 6 * 2
     with pytest.raises(GridError, match=r"unknown variant 'aninfnce' .*did you mean 'aninfonce'\?.*allowed: infonce"):
         load_grid("anisotropy", "laptop").select_variants(["aninfnce"], "--variants")

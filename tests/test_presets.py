@@ -49,7 +49,7 @@ def test_grid_axes_win_over_a_preset_and_set_wins_over_both():
     kept = grid.apply_settings({"batch_size": 7, "lr": 0.01, "max_steps": 50}, "preset p:", axes_win=True)
     assert kept == ["batch_size"]
     assert sorted({t.config.batch_size for t in grid.trials}) == sorted(grid.axes["batch_size"])
-    assert {t.config.lr for t in grid.trials} == {0.01} and grid.stop["max_steps"] == 50
+    assert {t.config.lr for t in grid.trials} == {0.01} and grid.stop.max_steps == 50
     grid.apply_settings({"batch_size": 9}, "--set", axes_win=False)
     assert "batch_size" not in grid.axes and {t.config.batch_size for t in grid.trials} == {9}
 

@@ -17,6 +17,7 @@ from conftest import run_logged, runs_root, smoke_cmd, smoke_run
 
 from ablate import cli
 from ablate.service.grids import GridError, known_grids, load_grid, n_reports
+from ablate.service.optuna_spec import Choice
 from ablate.service.runner import run_grid
 from ablate.service.trainable import CHECKPOINT_FILE
 
@@ -39,7 +40,7 @@ def test_every_grid_runs_through_the_cli_at_smoke_scale(name, ray_session, tmp_p
     for trial_dir in trial_dirs:
         rows = _rows(trial_dir)
         params = json.loads((trial_dir / "params.json").read_text())
-        from ablate.service.grids import config_from_params
+        from ablate.service.params import config_from_params
 
         expected = n_reports(config_from_params(params))
         if grid.search == "optuna":  # ASHA may stop a trial early
@@ -54,9 +55,9 @@ def test_every_grid_runs_through_the_cli_at_smoke_scale(name, ray_session, tmp_p
         assert list(trial_dir.glob(f"checkpoint_*/{CHECKPOINT_FILE}")), "a checkpoint was written"
     if grid.search == "optuna":
         best = json.loads((run_dir / "best_config.json").read_text())
-        assert set(best["config"]) <= set(grid.optuna["space"])
+        assert set(best["config"]) <= set(grid.optuna.space)
         assert all(
-            best["config"][k] in grid.optuna["space"][k].get("choice", [best["config"][k]]) for k in best["config"]
+            best["config"][k] in getattr(grid.optuna.space[k], "choice", [best["config"][k]]) for k in best["config"]
         )
 
 
@@ -230,15 +231,15 @@ def test_corrupt_checkpoint_falls_back_to_the_previous_one(tmp_path, caplog):
 def test_optuna_with_a_time_budget_ranks_settings_at_equal_seconds(ray_session, tmp_path):
     """ASHA on time_total_s: no trial starts a report once past the budget, and a best config comes out."""
     grid = load_grid("tune_aninfonce", "smoke")
-    grid.optuna.update({"time_budget_s": 3.0, "grace_period": 1, "num_samples": 3})
-    grid.optuna["space"]["report_every"] = {"choice": [1000]}  # reports of about half a second of training
-    grid.stop["max_steps"] = 10_000_000  # only the time budget ends these trials
+    grid.optuna.time_budget_s, grid.optuna.grace_period, grid.optuna.num_samples = 3.0, 1, 3
+    grid.optuna.space["report_every"] = Choice(choice=[1000])  # reports of about half a second of training
+    grid.stop.max_steps = 10_000_000  # only the time budget ends these trials
     outcome = run_grid(grid, storage=str(tmp_path), name="timed", verbose=0)
     assert len(outcome.trials) == 3 and not outcome.failed
     for trial in outcome.trials:
         assert trial.last["time_total_s"] - trial.last["time_this_iter_s"] < 3.0  # it stopped once past 3 s
         assert trial.last["step"] < 10_000_000
-    assert outcome.best_config is not None and set(outcome.best_config["config"]) <= set(grid.optuna["space"])
+    assert outcome.best_config is not None and set(outcome.best_config["config"]) <= set(grid.optuna.space)
 
 
 def test_param_space_starts_the_costliest_trials_first():
@@ -246,7 +247,8 @@ def test_param_space_starts_the_costliest_trials_first():
     axis of whole grid points keeps a costliest-first order, every trial exactly once."""
     from ray.tune.search.variant_generator import generate_variants
 
-    from ablate.service.grids import config_from_params, trial_cost
+    from ablate.service.costs import trial_cost
+    from ablate.service.params import config_from_params
 
     grid = load_grid("batch_vs_dim", "laptop")
     configs = [config_from_params(c) for _, c in generate_variants(grid.param_space())]
@@ -280,8 +282,8 @@ def test_an_optuna_grid_stores_its_study_in_sqlite_that_optuna_can_open(ray_sess
     # each study trial's value is the R² its Ray trial last reported, with the sampled parameters
     last_r2 = sorted(round(t.last["r2"], 9) for t in outcome.trials)
     assert sorted(round(t.value, 9) for t in finished) == last_r2
-    assert all(set(t.params) == set(grid.optuna["space"]) for t in finished)
-    widths = {json.dumps(w, separators=(",", ":")) for w in grid.optuna["space"]["encoder_widths"]["choice"]}
+    assert all(set(t.params) == set(grid.optuna.space) for t in finished)
+    widths = {json.dumps(w, separators=(",", ":")) for w in grid.optuna.space["encoder_widths"].choice}
     assert {t.params["encoder_widths"] for t in finished} <= widths
     # each Ray trial trained the list its study trial holds as text
     by_value = {round(t.value, 9): json.loads(t.params["encoder_widths"]) for t in finished}

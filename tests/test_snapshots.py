@@ -32,7 +32,7 @@ pytestmark = pytest.mark.slow
 
 def _grid():
     grid = load_grid("batch_vs_dim", "smoke")
-    grid.stop["max_steps"] = 15
+    grid.stop.max_steps = 15
     return grid
 
 

@@ -12,6 +12,7 @@ from ablate.analysis.text import generator_line, lambda_hat_line
 from ablate.analysis.text import text_table as _table
 from ablate.cli.compare import add_compare_parser
 from ablate.cli.run import cmd_run, resume_command
+from ablate.cli.slurm import add_slurm_parser
 from ablate.columns import r2_block_lambda
 from ablate.config import ConfigError, RunConfig, parse_assignments
 from ablate.service.specs import DEFAULT_SCALE, SCALES
@@ -86,7 +87,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     print("base:")
     for k, v in grid.base.items():
         print(f"  {k}: {v}")
-    print(f"stop: {grid.stop}")
+    print(f"stop: {grid.stop.settings()}")
     if grid.axes:
         print("axes:")
         for k, v in grid.axes.items():
@@ -94,12 +95,12 @@ def cmd_show(args: argparse.Namespace) -> int:
     if grid.variants:
         print("variants:")
         for v in grid.variants:
-            print(f"  {v}")
+            print(f"  {v.param()}")
     if grid.optuna:
-        print(f"optuna: {grid.optuna}")
+        print(f"optuna: {grid.optuna_dict()}")
     print(f"seeds: {grid.seeds}")
     for c in grid.chosen:
-        print(f"chosen: {c}")
+        print(f"chosen: {c.as_dict()}")
     if args.generator:
         from ablate.core.experiment import generator_stats
 
@@ -284,6 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
     cl.set_defaults(func=cmd_claims)
 
     add_compare_parser(sub)  # ablate compare RUN --by AXIS: ablate.cli.compare
+    add_slurm_parser(sub)  # ablate slurm GRID: a SLURM batch script (ablate.cli.slurm)
 
     db = sub.add_parser("dashboard", help="start (or find) the local Ray head and print its dashboard URL")
     db.add_argument("--host", help="interface the dashboard binds to (default 127.0.0.1; others warn)")

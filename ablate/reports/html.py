@@ -114,7 +114,7 @@ def _settings_html(run: Run) -> str:
             ("search", grid.search),
             ("trials", grid.n_trials),
             ("seeds", ", ".join(map(str, grid.seeds))),
-            ("stop", json.dumps(grid.stop)),
+            ("stop", json.dumps(grid.stop.settings())),
         ]
         if grid.axes:
             rows += [
@@ -122,9 +122,9 @@ def _settings_html(run: Run) -> str:
                 for k, vals in grid.axes.items()
             ]
         if grid.variants:
-            rows.append(("variants", "; ".join(json.dumps(v) for v in grid.variants)))
+            rows.append(("variants", "; ".join(json.dumps(v.param()) for v in grid.variants)))
         if grid.optuna:
-            rows.append(("optuna", json.dumps(grid.optuna)))
+            rows.append(("optuna", json.dumps(grid.optuna_dict())))
         if grid.paper_values:
             rows.append(("paper values", json.dumps(grid.paper_values)))
     table = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>" for k, v in rows)
@@ -144,9 +144,9 @@ def _settings_html(run: Run) -> str:
             chosen = pd.DataFrame(
                 [
                     {
-                        "key": c.get("key"),
-                        "value": json.dumps(c.get("value")) if "value" in c else "",
-                        "why": c.get("why"),
+                        "key": c.key,
+                        "value": json.dumps(c.value) if "value" in c.model_fields_set else "",
+                        "why": c.why,
                     }
                     for c in grid.chosen
                 ]

@@ -29,7 +29,7 @@ from pydantic import Field, ValidationInfo, field_validator
 from ablate.config import did_you_mean
 from ablate.reports.panels import PANELS, PanelSpec
 from ablate.service.grids import Grid, GridError
-from ablate.service.specs import Spec, parse_spec, read_yaml
+from ablate.service.spec_base import Spec, parse_spec, read_yaml
 from ablate.shipped import DASHBOARDS, shipped_dir, shipped_files
 
 __all__ = [

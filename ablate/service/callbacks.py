@@ -11,7 +11,7 @@ from ray.tune import Callback
 
 from ablate import ray_compat
 from ablate.rundir import PACK_FILE, PARAMS_FILE, RESULT_FILE, TRIAL_PREFIX, atomic_write, member_id
-from ablate.service.grids import PACK_KEY, flat_params, pack_members
+from ablate.service.params import PACK_KEY, flat_params, pack_members
 from ablate.service.snapshots import save_backup
 from ablate.service.trust import sign_session
 

@@ -30,27 +30,20 @@ from __future__ import annotations
 
 import copy
 import itertools
-import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import Field
 
 from ablate.config import ConfigError, RunConfig, did_you_mean, unknown_setting
-from ablate.service.costs import costliest_first, trial_cost  # noqa: F401 - trial_cost: re-exported
+from ablate.files import read_file_text
+from ablate.service.costs import costliest_first
+from ablate.service.params import JSON_CHOICES, PACK_KEY, config_from_params
 from ablate.service.presets import scale_presets
-from ablate.service.specs import (
-    DEFAULT_SCALE,
-    SCALES,
-    STOP_KEYS,
-    GridFile,
-    parse_spec,
-    read_file_text,
-    read_yaml,
-    spec_error,
-)
+from ablate.service.spec_base import parse_spec, read_yaml
+from ablate.service.specs import DEFAULT_SCALE, SCALES, STOP_KEYS, GridAbout, GridFile, GridSettings, StopSpec
 from ablate.shipped import SEARCH_SPACES, shipped_files
 
 __all__ = [
@@ -63,17 +56,6 @@ __all__ = [
     "grid_from_text",
     "load_grid",
 ]
-
-
-#: Keys of a trial's param dict that are not RunConfig fields (``fault``: the Trainable's test-only fault hook,
-#: see ablate.service.trainable.FaultSpec; set from Python, never from a grid file).
-#: Param key listing the Optuna choices whose values are lists or mappings. Optuna stores only None, bool,
-#: int, float and str choices, so such a value travels as its JSON text (what optuna.db and optuna-dashboard
-#: show, e.g. ``[10,50,10]``); :func:`flat_params` turns it back into the value.
-JSON_CHOICES = "json_choices"
-#: Param key of a pack trial's members (their grid points), and of a member's ``<pack trial id>:<index>`` label.
-PACK_KEY = "pack"
-META_KEYS = ("grid", "scale", "variant", "point", "fault", JSON_CHOICES, PACK_KEY)
 
 
 class GridError(ValueError):
@@ -137,29 +119,18 @@ def axis_text(v: Any) -> str:
     return f"{v:g}" if isinstance(v, float) else str(v)
 
 
-@dataclass
-class Grid:
-    """A validated grid at one scale."""
+class Grid(GridSettings, GridAbout):
+    """A validated grid at one scale: its settings (:class:`GridSettings`), what it is about (:class:`GridAbout`),
+    where it came from and what a run changed. Code reads its typed parts: ``grid.stop.max_steps``,
+    ``grid.optuna.space``, ``grid.variants[0].name``."""
 
-    name: str
-    path: Path
-    scale: str
-    description: str
-    figure: str
-    base: dict[str, Any]
-    axes: dict[str, list[Any]]
-    variants: list[dict[str, Any]]
-    seeds: list[int]
-    stop: dict[str, Any]
-    search: str
-    optuna: dict[str, Any] = field(default_factory=dict)
-    chosen: list[dict[str, Any]] = field(default_factory=list)
-    paper_values: dict[str, Any] = field(default_factory=dict)
-    preset: str | None = None  # the named preset applied on top of the base (see apply_settings)
-    scale_preset: str | None = None  # the preset the scale starts from (scales.<scale>.preset), under its base
-    text: str = ""  # the YAML text the grid was read from (stored in the run marker)
-    overrides: dict[str, Any] = field(default_factory=dict)  # the --set settings (stored in the run marker)
-    replaced: dict[str, list[Any]] = field(default_factory=dict)  # axes a --set replaced: their former values
+    path: Path = Field(description="the grid file")
+    scale: str = Field(description="the scale it was resolved at")
+    preset: str | None = Field(default=None, description="the named preset applied on top (--preset)")
+    scale_preset: str | None = Field(default=None, description="the preset the scale starts from, under its base")
+    text: str = Field(default="", description="the YAML text the grid was read from (stored in the run marker)")
+    overrides: dict[str, Any] = Field(default_factory=dict, description="the --set settings (in the run marker)")
+    replaced: dict[str, list[Any]] = Field(default_factory=dict, description="axes a --set replaced: former values")
 
     def apply_settings(self, settings: dict[str, Any], source: str, *, axes_win: bool) -> list[str]:
         """Set RunConfig ``settings`` for every trial; return the keys left to the grid's axes.
@@ -173,7 +144,8 @@ class Grid:
         for key, value in settings.items():
             if key not in RunConfig.model_fields:
                 raise GridError(f"{source} {key}: {unknown_setting(key)}")
-            varied = key in self.axes or key in self.optuna.get("space", {}) or any(key in v for v in self.variants)
+            space = self.optuna.space if self.optuna else {}
+            varied = key in self.axes or key in space or any(key in v.settings for v in self.variants)
             if varied and axes_win:
                 kept.append(key)
                 continue
@@ -183,14 +155,18 @@ class Grid:
                 kept.append(key)
             if not axes_win:
                 self.overrides[key] = copy.deepcopy(value)
-            (self.stop if key in STOP_KEYS else self.base)[key] = copy.deepcopy(value)
+            if key in STOP_KEYS:  # checked as --set values are: what pydantic can convert
+                stop = {**self.stop.settings(), key: copy.deepcopy(value)}
+                self.stop = parse_spec(StopSpec, stop, f"{source} {key}", GridError, strict=False)
+            else:
+                self.base[key] = copy.deepcopy(value)
         self.trials  # noqa: B018 - re-validate every trial with the new settings
         return kept
 
     def select_variants(self, names: list[str], source: str) -> None:
         """Keep only the variants called ``names`` (in the grid's order): a subset of a grid, e.g. to re-run
         two of its losses for longer. An unknown name fails here, before any compute."""
-        known = [v["name"] for v in self.variants]
+        known = [v.name for v in self.variants]
         if not known:
             raise GridError(f"{source}: grid {self.name} has no variants to choose from")
         for name in names:
@@ -199,7 +175,7 @@ class Grid:
                     f"{source}: unknown variant {name!r} of grid {self.name}{did_you_mean(name, known)}; "
                     f"allowed: {', '.join(known)}"
                 )
-        self.variants = [v for v in self.variants if v["name"] in names]
+        self.variants = [v for v in self.variants if v.name in names]
 
     @property
     def trials(self) -> list[Trial]:
@@ -209,8 +185,8 @@ class Grid:
     @property
     def n_trials(self) -> int:
         """Number of trials (Optuna: num_samples)."""
-        if self.search == "optuna":
-            return int(self.optuna["num_samples"])
+        if self.optuna is not None:
+            return self.optuna.num_samples
         n = len(self.seeds) * max(len(self.variants), 1)
         for values in self.axes.values():
             n *= len(values)
@@ -221,7 +197,7 @@ class Grid:
         return (
             sum(t.config.max_steps * t.config.batch_size for t in self.trials)
             if self.search == "grid"
-            else (self.n_trials * int(self.stop["max_steps"]) * int(self.base.get("batch_size", 1000)))
+            else (self.n_trials * self.stop.max_steps * int(self.base.get("batch_size", 1000)))
         )
 
     def param_space(self, pack: int = 1) -> dict[str, Any]:
@@ -234,12 +210,12 @@ class Grid:
 
         space: dict[str, Any] = {"grid": self.name, "scale": self.scale}
         space.update(copy.deepcopy(self.base))
-        space.update(self.stop)
-        if self.search == "optuna":
+        space.update(self.stop.settings())
+        if self.optuna is not None:
             space["seed"] = self.seeds[0]
             encoded = []
-            for key, dist in self.optuna["space"].items():
-                space[key], as_json = _ray_distribution(dist)
+            for key, dist in self.optuna.space.items():
+                space[key], as_json = dist.domain()
                 if as_json:
                     encoded.append(key)
             if encoded:
@@ -248,8 +224,7 @@ class Grid:
         # One grid_search over whole grid points, costliest first: Ray keeps the order of a single axis, while
         # several axes are nested in the alphabetical order of their names (batch_size, the costliest, fastest)
         trials = self.trials
-        variants = {v["name"]: v for v in self.variants}
-        points = [{**t.point, "seed": t.seed} | ({"variant": variants[t.variant]} if t.variant else {}) for t in trials]
+        points = [self.point_params(t) for t in trials]
         order = costliest_first([t.config for t in trials])
         if pack > 1:
             from ablate.core.pack_fields import pack_groups
@@ -260,59 +235,21 @@ class Grid:
         space["point"] = tune.grid_search([copy.deepcopy(points[i]) for i in order])
         return space
 
+    def point_params(self, trial: Trial) -> dict[str, Any]:
+        """A trial's grid point as it travels in Ray's params: its axis values, seed and whole variant."""
+        variant = next((v.param() for v in self.variants if v.name == trial.variant), None)
+        return {**trial.point, "seed": trial.seed} | ({"variant": variant} if variant else {})
+
+    def optuna_dict(self) -> dict[str, Any]:
+        """The Optuna search as a plain mapping (empty for a grid search), as the run marker records it."""
+        return self.optuna.as_dict() if self.optuna is not None else {}
+
     def axis_names(self) -> list[str]:
         """Names of what varies across trials (axes, then 'variant' and 'seed')."""
-        names = list(self.axes) if self.search == "grid" else list(self.optuna.get("space", {}))
+        names = list(self.optuna.space) if self.optuna is not None else list(self.axes)
         if self.variants:
             names.append("variant")
         return names + ["seed"]
-
-
-def _ray_distribution(dist: dict[str, Any]):
-    """Ray's search domain for one Optuna dimension, and whether its choices travel as JSON text."""
-    from ray import tune
-
-    ((kind, args),) = dist.items()
-    if kind == "uniform":
-        return tune.uniform(*args), False
-    if kind == "loguniform":
-        return tune.loguniform(*args), False
-    if kind == "randint":
-        return tune.randint(args[0], args[1] + 1), False
-    if any(isinstance(v, list | dict) for v in args):
-        return tune.choice([json.dumps(v, separators=(",", ":")) for v in args]), True
-    return tune.choice(list(args)), False
-
-
-def flat_params(config: dict[str, Any]) -> dict[str, Any]:
-    """A trial's settings with its grid point's values (axes, variant, seed) at the top level, as in params.json;
-    Optuna choices that travelled as JSON text (:data:`JSON_CHOICES`) are values again."""
-    point = config.get("point")
-    flat = {**{k: v for k, v in config.items() if k != "point"}, **point} if isinstance(point, dict) else dict(config)
-    for key in flat.pop(JSON_CHOICES, None) or []:
-        if isinstance(flat.get(key), str):
-            flat[key] = json.loads(flat[key])
-    return flat
-
-
-def pack_members(config: dict[str, Any]) -> list[dict[str, Any]]:
-    """Each member's settings (as :func:`flat_params` gives a solo trial's) from a pack trial's config; ``[]`` for
-    a config that is not a pack's."""
-    points = config.get(PACK_KEY)
-    if not isinstance(points, list):
-        return []
-    shared = {k: v for k, v in config.items() if k != PACK_KEY}
-    return [flat_params({**shared, "point": point}) for point in points]
-
-
-def config_from_params(params: dict[str, Any], source: str = "trial") -> RunConfig:
-    """Build a RunConfig from a trial's param dict (drops meta keys, merges the variant's overrides)."""
-    params = flat_params(params)
-    values = {k: v for k, v in params.items() if k not in META_KEYS}
-    variant = params.get("variant")
-    if isinstance(variant, dict):
-        values.update({k: v for k, v in variant.items() if k not in ("name", "fault")})
-    return RunConfig.build(values, source)
 
 
 def expand(grid: Grid) -> list[Trial]:
@@ -320,12 +257,12 @@ def expand(grid: Grid) -> list[Trial]:
     trials = []
     keys = list(grid.axes) if grid.search == "grid" else []
     combos = itertools.product(*(grid.axes[k] for k in keys)) if keys else [()]
-    variants = grid.variants or [None]
+    variants = [v.param() for v in grid.variants] or [None]
     for combo in combos:
         point = dict(zip(keys, combo))
         for variant in variants:
             for seed in grid.seeds:
-                params = {**grid.base, **grid.stop, **point, "seed": seed}
+                params = {**grid.base, **grid.stop.settings(), **point, "seed": seed}
                 if variant is not None:
                     params["variant"] = variant
                 where = f"{grid.path}: scale {grid.scale}, point {point}" + (
@@ -377,28 +314,10 @@ def grid_from_text(text: str, scale: str, path: str | Path) -> Grid:
         raise GridError(f"{path}: scales: unknown scale {scale!r}; allowed: {', '.join(SCALES)}")
     spec = parse_spec(GridFile, data, path, GridError)
     preset = scale_presets(spec.scales, path, GridError).get(scale)
-    try:
-        at = spec.at_scale(scale, preset.settings if preset else None)
-    except ValidationError as exc:
-        raise spec_error(exc, path, GridError) from None
-    grid = Grid(
-        name=spec.name,
-        path=path,
-        scale=scale,
-        description=str(at.description),
-        figure=str(spec.figure),
-        base=at.base,
-        axes=at.axes,
-        variants=at.variants,
-        seeds=at.seeds,
-        stop=at.stop,
-        search=at.search,
-        optuna=at.optuna,
-        chosen=list(spec.chosen or []),
-        paper_values=dict(spec.paper_values or {}),
-        scale_preset=preset.name if preset else None,
-        text=text,
-    )
+    at = parse_spec(GridSettings, spec.at_scale(scale, preset.settings if preset else None), path, GridError)
+    about = {key: getattr(spec, key) for key in GridAbout.model_fields if key not in GridSettings.model_fields}
+    scale_preset = preset.name if preset else None
+    grid = Grid(**dict(at), **about, path=path, scale=scale, scale_preset=scale_preset, text=text)
     try:
         expand(grid)  # validates every trial's RunConfig
     except ConfigError as exc:

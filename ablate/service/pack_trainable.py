@@ -20,7 +20,7 @@ from ablate.config import RunConfig
 from ablate.core.experiment import Experiment, NonFiniteLossError
 from ablate.core.pack import PackedExperiment
 from ablate.core.pack_fields import can_pack
-from ablate.service.grids import PACK_KEY, config_from_params, pack_members
+from ablate.service.params import PACK_KEY, config_from_params, pack_members
 from ablate.service.trainable import SPARE_CORES_FOR_PREFETCH, AblateTrainable
 
 __all__ = ["PackRun", "PackTrainable"]

@@ -1,6 +1,6 @@
 """Named presets: bundles of RunConfig settings that any run or grid can start from (``--preset NAME``).
 
-A preset lives in ``ablate/presets/<name>.yaml`` (model: :class:`ablate.service.specs.PresetFile`)::
+A preset lives in ``ablate/presets/<name>.yaml`` (model: :class:`PresetFile`)::
 
     name: fast
     description: what it is for
@@ -17,14 +17,13 @@ RunConfig defaults.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, field_validator
 
 from ablate.config import ConfigError, RunConfig, did_you_mean
-from ablate.service.specs import Spec, parse_spec, read_yaml, unknown_settings
+from ablate.service.spec_base import Settings, Spec, parse_spec, read_yaml
 from ablate.shipped import PRESETS, shipped_files
 
 __all__ = ["Preset", "PresetError", "PresetFile", "known_presets", "load_preset", "scale_presets"]
@@ -35,42 +34,28 @@ class PresetFile(Spec):
 
     name: str | None = Field(default=None, description="the preset's name (default: the file name)")
     description: str = Field(default="", description="what the preset is for")
-    settings: dict[str, Any] = Field(description="RunConfig fields")
+    settings: Settings = Field(min_length=1, description="RunConfig fields")
     measured: str = Field(default="", description="the measurement behind it (command, machine, numbers)")
 
-    @field_validator("settings", mode="before")
+    @field_validator("settings")
     @classmethod
-    def _settings(cls, settings: Any) -> Any:
-        if not isinstance(settings, dict) or not settings:
-            raise ValueError("required: a non-empty mapping of RunConfig fields")
-        unknown_settings(settings)
+    def _valid_values(cls, settings: dict[str, Any]) -> dict[str, Any]:
         try:
             RunConfig.build(dict(settings), "settings")
         except ConfigError as exc:
             raise ValueError(str(exc).removeprefix("settings: ")) from None
         return settings
 
-    @model_validator(mode="before")
-    @classmethod
-    def _settings_required(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "settings" not in data:
-            raise ValueError(".settings: required: a non-empty mapping of RunConfig fields")
-        return data
-
 
 class PresetError(ValueError):
     """A preset is unknown or invalid; the message names the file, the key and what is allowed."""
 
 
-@dataclass(frozen=True)
-class Preset:
-    """A validated preset."""
+class Preset(PresetFile):
+    """A validated preset: the file's contents, its name (the file's, unless it names itself) and its path."""
 
-    name: str
-    path: Path
-    description: str
-    settings: dict[str, Any] = field(default_factory=dict)
-    measured: str = ""
+    name: str = Field(description="the preset's name")
+    path: Path = Field(description="the preset file")
 
 
 def known_presets() -> dict[str, Path]:
@@ -90,13 +75,7 @@ def load_preset(name_or_path: str) -> Preset:
             )
         path = presets[name_or_path]
     spec = parse_spec(PresetFile, read_yaml(path, PresetError), path, PresetError)
-    return Preset(
-        name=spec.name or path.stem,
-        path=path,
-        description=spec.description,
-        settings=dict(spec.settings),
-        measured=spec.measured,
-    )
+    return Preset(**{**dict(spec), "name": spec.name or path.stem}, path=path)
 
 
 def scale_presets(scales: dict[str, Any], source: str | os.PathLike, error: type[Exception]) -> dict[str, Preset]:

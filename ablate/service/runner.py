@@ -37,7 +37,8 @@ from ablate.rundir import (
 )
 from ablate.service.cluster import init_ray
 from ablate.service.driver_lock import one_driver
-from ablate.service.grids import Grid, GridError, axis_text, flat_params, pack_members
+from ablate.service.grids import Grid, GridError, axis_text
+from ablate.service.params import flat_params, pack_members
 from ablate.service.integrity import mend_for_resume
 from ablate.service.memory import check_memory
 from ablate.service.provenance import record_provenance
@@ -170,7 +171,7 @@ def _marker(grid: Grid) -> dict[str, Any]:
         "grid_yaml": grid.text,
         "search": grid.search,
         "axes": grid.axis_names(),
-        "variants": [v["name"] for v in grid.variants],
+        "variants": [v.name for v in grid.variants],
         "n_trials": grid.n_trials,
         "created": time.strftime(MARKER_TIME_FORMAT),
         **run_record(grid),  # the --set settings and resolved trials: --resume refuses another run
@@ -196,7 +197,7 @@ def _reporter(grid: Grid):
     from ray.tune import CLIReporter
 
     if grid.search == "optuna":  # the searched settings and the seed sit at the top of a suggested config
-        params = {k: k for k in [*grid.optuna["space"], "seed"]}
+        params = {k: k for k in [*grid.optuna.space, "seed"]}
     else:  # grid points travel whole (Grid.param_space)
         params = {f"point/{k}": k for k in grid.axis_names()}
         if "point/variant" in params:
@@ -418,11 +419,10 @@ def _never_created(grid: Grid, trials: list[TrialOutcome]) -> list[TrialOutcome]
     makes them one by one), as PENDING trials without an id; an Optuna grid's undrawn samples have no point."""
     if grid.search != "grid":
         return []
-    variants = {v["name"]: v for v in grid.variants}
     seen = {t.label for t in trials}
     out = []
     for trial in grid.trials:
-        params = {**trial.point, "seed": trial.seed} | ({"variant": variants[trial.variant]} if trial.variant else {})
+        params = grid.point_params(trial)
         label = _label(params, grid)
         if label not in seen:
             out.append(TrialOutcome("", label, "PENDING", params, {}))

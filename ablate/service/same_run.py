@@ -35,7 +35,7 @@ def run_record(grid: Grid) -> dict[str, Any]:
     own = {label: {k: v for k, v in c.items() if k not in common} for label, c in configs.items()}
     return {
         "settings": _json(grid.overrides),
-        "resolved": {"common": common, "trials": own, "optuna": _json(grid.optuna)},
+        "resolved": {"common": common, "trials": own, "optuna": _json(grid.optuna_dict())},
     }
 
 

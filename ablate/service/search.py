@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from ablate.rundir import BEST_CONFIG_FILE, RESULT_FILE, TRIAL_PREFIX, is_remote, optuna_storage_url
-from ablate.service.grids import Grid, flat_params, n_reports
+from ablate.service.grids import Grid, n_reports
+from ablate.service.params import flat_params
 
 __all__ = ["save_best", "trial_dirname", "tune_config"]
 
@@ -34,40 +35,41 @@ def tune_config(grid: Grid, max_concurrent: int | None, run_dir: str | None = No
     from ray.tune.search.optuna import OptunaSearch
 
     opt = grid.optuna
+    assert opt is not None  # search: optuna
     storage = None
     if run_dir is not None and not is_remote(run_dir):
         import optuna
 
         storage = optuna.storages.RDBStorage(optuna_storage_url(run_dir))
     searcher = OptunaSearch(
-        metric=opt["metric"],
-        mode=opt["mode"],
+        metric=opt.metric,
+        mode=opt.mode,
         seed=grid.seeds[0],
         storage=storage,
         study_name=grid.name if storage is not None else None,
     )
-    limit = max_concurrent or opt.get("max_concurrent") or 2
-    if "time_budget_s" in opt:  # rungs in seconds of training: settings compete at equal wall time
+    limit = max_concurrent or opt.max_concurrent or 2
+    if opt.time_budget_s is not None:  # rungs in seconds of training: settings compete at equal wall time
         scheduler = ASHAScheduler(
             time_attr="time_total_s",
-            max_t=opt["time_budget_s"],
-            grace_period=opt["grace_period"],
-            reduction_factor=opt["reduction_factor"],
+            max_t=opt.time_budget_s,
+            grace_period=opt.grace_period,
+            reduction_factor=opt.reduction_factor,
         )
     else:  # rungs in reports
         n_max = max(max(n_reports(t.config) for t in grid.trials), 1)
         scheduler = ASHAScheduler(
             time_attr="training_iteration",
             max_t=n_max,
-            grace_period=min(opt["grace_period"], n_max),
-            reduction_factor=opt["reduction_factor"],
+            grace_period=min(opt.grace_period, n_max),
+            reduction_factor=opt.reduction_factor,
         )
     return tune.TuneConfig(
-        metric=opt["metric"],
-        mode=opt["mode"],
+        metric=opt.metric,
+        mode=opt.mode,
         search_alg=ConcurrencyLimiter(searcher, max_concurrent=limit),
         scheduler=scheduler,
-        num_samples=opt["num_samples"],
+        num_samples=opt.num_samples,
         reuse_actors=True,
         trial_dirname_creator=trial_dirname,
     )
@@ -97,9 +99,10 @@ def save_best(results, grid: Grid, run_dir: str) -> dict[str, Any] | None:
     trial that reached it, or without a target, the best is the highest (``mode``) last value of the metric.
     """
     opt = grid.optuna
-    target = grid.stop.get("target_r2")
+    assert opt is not None  # search: optuna
+    target = grid.stop.target_r2
     fastest = None
-    if target is not None and opt["metric"] == "r2" and not is_remote(run_dir):
+    if target is not None and opt.metric == "r2" and not is_remote(run_dir):
         reached = []
         for result in results:
             hit = seconds_to_target(result.path, "r2", float(target)) if result.path else None
@@ -112,17 +115,17 @@ def save_best(results, grid: Grid, run_dir: str) -> dict[str, Any] | None:
         ranked_by = f"fewest seconds of training to r2 >= {target:g}"
     else:
         try:
-            best = results.get_best_result(metric=opt["metric"], mode=opt["mode"], scope="last")
+            best = results.get_best_result(metric=opt.metric, mode=opt.mode, scope="last")
         except RuntimeError:
             return None
-        seconds, step, ranked_by = None, None, f"{opt['mode']} last {opt['metric']}"
+        seconds, step, ranked_by = None, None, f"{opt.mode} last {opt.metric}"
     if best is None or best.metrics is None:
         return None
     info = {
-        "metric": opt["metric"],
-        "mode": opt["mode"],
-        "value": best.metrics.get(opt["metric"]),
-        "config": {k: v for k, v in flat_params(best.config).items() if k in opt["space"]},
+        "metric": opt.metric,
+        "mode": opt.mode,
+        "value": best.metrics.get(opt.metric),
+        "config": {k: v for k, v in flat_params(best.config).items() if k in opt.space},
         "steps": best.metrics.get("step"),
         "trial_id": best.metrics.get("trial_id"),
         "ranked_by": ranked_by,
