@@ -26,7 +26,7 @@ from ablate.analysis.compare import (
     welch_interval,
 )
 from ablate.analysis.run import RunContext
-from ablate.reports.panels import PanelSpec, panel_data, panel_figure
+from ablate.reports.panels import panel_data, panel_figure, panel_spec
 from ablate.rundir import PARAMS_FILE, RESULT_FILE, TRIAL_PREFIX, write_marker
 
 
@@ -216,8 +216,8 @@ def test_seed_ci_and_point_table():
 def test_r2_curves_band_ci95_against_minmax():
     df = table({("an",): [0.5, 0.7, 0.9], ("inf",): [0.3]}, ["variant"], steps=(50, 100))
     ctx = RunContext(grid="test", axes=["variant"])
-    minmax = panel_data(df, PanelSpec("r2_curves", "F", options={"color": "variant"}), ctx)
-    spec = PanelSpec("r2_curves", "F", options={"color": "variant", "band": "ci95"})
+    minmax = panel_data(df, panel_spec("r2_curves", "F", color="variant"), ctx)
+    spec = panel_spec("r2_curves", "F", color="variant", band="ci95")
     ci = panel_data(df, spec, ctx)
     an_final = ci[(ci["series"] == "variant=an") & (ci["x"] == 100)].iloc[0]
     assert (an_final["lo"], an_final["hi"]) == pytest.approx(mean_interval([0.5, 0.7, 0.9])[1:3])
@@ -230,10 +230,10 @@ def test_r2_curves_band_ci95_against_minmax():
 
 
 def test_band_option_is_validated():
-    from ablate.reports.spec import check_panel
+    from ablate.reports.spec import SpecError, parse_panel
 
-    with pytest.raises(ValueError, match=r"band: 'sd' is not allowed; allowed: minmax, ci95"):
-        check_panel(0, {"kind": "r2_curves", "figure": "F", "band": "sd"}, ["variant"])
+    with pytest.raises(SpecError, match=r"band: 'sd' is not allowed; allowed: minmax, ci95"):
+        parse_panel({"kind": "r2_curves", "figure": "F", "band": "sd"})
 
 
 # --------------------------------------------------------------------------- the claims

@@ -18,7 +18,7 @@ from ablate import cli
 from ablate.analysis.results import load_results
 from ablate.config import RunConfig
 from ablate.core.metrics import iterations_to_target
-from ablate.reports.panels import PANELS, PanelSpec, RunContext, final_rows, panel_data
+from ablate.reports.panels import PANELS, RunContext, final_rows, panel_data, panel_spec
 from ablate.reports.report import (
     DASHBOARD_DIR,
     SpecError,
@@ -104,7 +104,7 @@ def test_batch_vs_dim_panels_hold_the_expected_data(bvd):
 
 
 def test_lambda_hat_and_block_panels_on_a_real_run(bvd):
-    hat = panel_data(bvd.df, PanelSpec("lambda_hat_curves", "Fig. 2D"), bvd.ctx)
+    hat = panel_data(bvd.df, panel_spec("lambda_hat_curves", "Fig. 2D"), bvd.ctx)
     assert list(hat.columns) == COLUMNS["lambda_hat_curves"]
     learned, true = hat[hat["kind"] == "learned"], hat[hat["kind"] == "true"]
     # one facet per grid point; d learned curves of 2 reports each; the true Λ = 75 dashed
@@ -117,7 +117,7 @@ def test_lambda_hat_and_block_panels_on_a_real_run(bvd):
     assert len(learned) == 2 * (3 + 6 + 3 + 6)
     assert set(true["value"]) == {75.0} and set(true["truth"]) == {"Λ"}
 
-    blocks = panel_data(bvd.df, PanelSpec("r2_blocks_vs_lambda", "Fig. 2A", options={"color": "latent_dim"}), bvd.ctx)
+    blocks = panel_data(bvd.df, panel_spec("r2_blocks_vs_lambda", "Fig. 2A", color="latent_dim"), bvd.ctx)
     assert list(blocks.columns) == COLUMNS["r2_blocks_vs_lambda"]
     # isotropic Λ = 75: both "blocks" are the whole latent, at Λ₂ = 75
     assert set(blocks["x"]) == {75.0} and set(blocks["block"]) == {"Λ₁ block", "Λ₂ block"}
@@ -160,7 +160,7 @@ def test_fixed_lambda_panel_marks_lambda_plus_minus_lambda_minus():
                 }
             )
     df, ctx = _synthetic(rows, ["fixed_lambda_hat"], configs)
-    data = panel_data(df, PanelSpec("loss_vs_fixed_lambda", "Fig. 10A"), ctx)
+    data = panel_data(df, panel_spec("loss_vs_fixed_lambda", "Fig. 10A"), ctx)
     assert list(data.columns) == COLUMNS["loss_vs_fixed_lambda"]
     assert list(data["fixed_lambda"]) == [10.0, 50.0, 150.0]
     assert set(data["optimum"]) == {50.0} and set(data["optimum_label"]) == {"Λ⁺ − Λ⁻"}
@@ -179,9 +179,7 @@ def test_ensemble_bars_carry_the_paper_values():
             {"trial_id": f"t{i}", "training_iteration": 1, "step": 5, "seed": seed, "variant": variant, "r2": r2}
         )
     df, ctx = _synthetic(rows, ["variant"], configs)
-    spec = PanelSpec(
-        "ensemble_bars", "Fig. 11A", options={"paper_key": "r2", "order": ["infonce", "aninfonce", "ensemble"]}
-    )
+    spec = panel_spec("ensemble_bars", "Fig. 11A", paper_key="r2", order=["infonce", "aninfonce", "ensemble"])
     data = panel_data(df, spec, ctx)
     assert list(data.columns) == COLUMNS["ensemble_bars"]
     assert list(data["x"]) == ["infonce", "aninfonce", "ensemble"]
@@ -202,7 +200,7 @@ def test_where_filter_picks_min_max_and_values():
         }
     )
     ctx = RunContext(axes=["batch_size", "latent_dim"])
-    spec = PanelSpec("final_heatmap", "x", options={"x": "batch_size", "y": "latent_dim"})
+    spec = panel_spec("final_heatmap", "x", x="batch_size", y="latent_dim")
     for where, want in (
         ({"batch_size": "max"}, {64}),
         ({"batch_size": "min"}, {16}),

@@ -11,7 +11,7 @@ A spec holds::
         title: optional heading
         note: optional text under the heading
         where: {batch_size: max}       # optional filter: axis → value, list of values, min or max
-        x: batch_size                  # the kind's own options (see ablate.reports.panels)
+        x: batch_size                  # the kind's own options (its spec model in ablate.reports.panels)
         y: latent_dim
 
 A spec is validated like a grid: an unknown kind, key or axis is an error naming the file and the key.
@@ -20,14 +20,13 @@ A spec is validated like a grid: an unknown kind, key or axis is an error naming
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Union
 
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import BeforeValidator, Discriminator, Field, ValidationInfo, field_validator
 
 from ablate.config import did_you_mean
-from ablate.reports.panels import PANELS, PanelSpec
+from ablate.reports.panels import PANELS, PanelSpec, panel_spec
 from ablate.service.grids import Grid, GridError
 from ablate.service.spec_base import Spec, parse_spec, read_yaml
 from ablate.shipped import DASHBOARDS, shipped_dir, shipped_files
@@ -36,32 +35,21 @@ __all__ = [
     "DASHBOARD_DIR",
     "Dashboard",
     "DashboardFile",
+    "Panel",
     "SpecError",
-    "check_panel",
     "dashboard_for",
     "default_dashboard",
     "known_dashboards",
     "load_dashboard",
+    "parse_panel",
 ]
 
 #: The dashboard specs shipped with ablate (package data), one per grid.
 DASHBOARD_DIR = shipped_dir(DASHBOARDS)
-_PANEL_KEYS = {"kind", "figure", "title", "note", "where"}
 
 
 class SpecError(GridError):
     """A dashboard spec is invalid; the message names the file, the key and what is allowed."""
-
-
-@dataclass
-class Dashboard:
-    """A validated dashboard spec: which panels a grid's report holds."""
-
-    grid: str
-    path: Path | None
-    title: str = ""
-    description: str = ""
-    panels: list[PanelSpec] = field(default_factory=list)
 
 
 def known_dashboards() -> dict[str, Path]:
@@ -69,116 +57,60 @@ def known_dashboards() -> dict[str, Path]:
     return shipped_files(DASHBOARDS)
 
 
-def _type_ok(value: Any, types: tuple[type, ...]) -> bool:
-    if isinstance(value, bool):
-        return bool in types
-    if isinstance(value, int) and float in types:
-        return True
-    return isinstance(value, types)
-
-
-def _type_names(types: tuple[type, ...]) -> str:
-    names = {str: "a string", list: "a list", int: "an integer", float: "a number", bool: "true/false"}
-    return " or ".join(names.get(t, t.__name__) for t in types)
-
-
-def check_panel(i: int, raw: Any, axes: list[str] | None) -> PanelSpec:
-    """Validate the ``i``-th panel of a spec against its kind's options (and, given ``axes``, the grid's axes)."""
-    where = f"[{i}]"
+def _known_kind(raw: Any) -> Any:
+    if isinstance(raw, PanelSpec):
+        return raw
     if not isinstance(raw, dict):
-        raise ValueError(f"{where}: expected a mapping with kind and figure, got {raw!r}")
+        raise ValueError(f"expected a mapping with kind and figure, got {raw!r}")
     kind = raw.get("kind")
     if kind not in PANELS:
         raise ValueError(
-            f"{where}.kind: unknown panel kind {kind!r}{did_you_mean(kind, PANELS)}; allowed: {', '.join(PANELS)}"
+            f".kind: unknown panel kind {kind!r}{did_you_mean(kind, PANELS)}; allowed: {', '.join(PANELS)}"
         )
-    where = f"{where} ({kind})"
-    options = PANELS[kind].options
-    for key in raw:
-        if key not in _PANEL_KEYS and key not in options:
-            allowed = sorted(_PANEL_KEYS | set(options))
-            raise ValueError(f"{where}.{key}: unknown key for {kind}; allowed: {', '.join(allowed)}")
-    figure = raw.get("figure")
-    if not isinstance(figure, str) or not figure.strip():
-        raise ValueError(f"{where}.figure: required: the paper figure this panel corresponds to")
-    for key in ("title", "note"):
-        if key in raw and not isinstance(raw[key], str):
-            raise ValueError(f"{where}.{key}: expected a string, got {raw[key]!r}")
-    filt = raw.get("where") or {}
-    if not isinstance(filt, dict):
-        raise ValueError(f"{where}.where: expected a mapping axis → value, list of values, min or max")
-    if axes is not None:
-        for axis in filt:
-            if axis not in axes:
-                raise ValueError(f"{where}.where.{axis}: not an axis of the grid; axes: {', '.join(axes)}")
-    values: dict[str, Any] = {}
-    for key, opt in options.items():
-        if key not in raw:
-            if opt.required:
-                raise ValueError(f"{where}.{key}: required ({opt.help})")
-            continue
-        value = raw[key]
-        if value is None:
-            values[key] = None
-            continue
-        if not _type_ok(value, opt.types):
-            raise ValueError(f"{where}.{key}: expected {_type_names(opt.types)} ({opt.help}), got {value!r}")
-        if opt.choices is not None and value not in opt.choices:
-            raise ValueError(f"{where}.{key}: {value!r} is not allowed; allowed: {', '.join(map(str, opt.choices))}")
-        if key == "targets":
-            items = value if isinstance(value, list) else [value]
-            if not items or not all(_type_ok(t, (float,)) and 0 < t <= 1 for t in items):
-                raise ValueError(f"{where}.targets: expected numbers in (0, 1], got {value!r}")
-        if opt.axis or (key == "x" and kind == "iterations_to_target"):
-            names = value if isinstance(value, list) else [value]
-            allowed = list(axes or []) + (["target"] if kind == "iterations_to_target" and key == "x" else [])
-            for name in names:
-                if not isinstance(name, str):
-                    raise ValueError(f"{where}.{key}: expected axis names, got {value!r}")
-                if axes is not None and name not in allowed:
-                    raise ValueError(
-                        f"{where}.{key}: {name!r} is not an axis of the grid; "
-                        f"allowed: {', '.join(allowed) or '(the grid has no axes)'}"
-                    )
-        values[key] = value
-    if kind == "final_heatmap" and values.get("x") == values.get("y"):
-        raise ValueError(f"{where}.y: must differ from x ({values.get('x')!r})")
-    return PanelSpec(
-        kind=kind,
-        figure=figure.strip(),
-        title=str(raw.get("title", "")),
-        note=str(raw.get("note", "")),
-        where=dict(filt),
-        options=values,
-    )
+    return raw
+
+
+#: One panel of a dashboard: the spec model of its ``kind`` (:data:`ablate.reports.panels.PANELS`).
+Panel = Annotated[
+    Union[tuple(kind.spec for kind in PANELS.values())],  # noqa: UP007 - the registered kinds
+    Discriminator("kind"),
+    BeforeValidator(_known_kind),
+]
 
 
 class DashboardFile(Spec):
-    """A dashboard spec file. Validate with ``context={"grid": Grid | None}`` to check the grid's name and axes."""
+    """A dashboard spec file. Validate with ``context={"grid": grid, "axes": [...]}`` to check the grid's name and
+    axes (:func:`load_dashboard` does)."""
 
-    grid: str = Field(description="the name of the grid this dashboard belongs to")
+    grid: str = Field(min_length=1, description="the name of the grid this dashboard belongs to")
     title: str = Field(default="", description="the report's heading")
     description: str = Field(default="", description="text shown under the title")
-    panels: list[Any] = Field(description="the panels, in order (each a mapping with kind and figure)")
+    panels: list[Panel] = Field(min_length=1, description=f"the panels, in order; kinds: {', '.join(PANELS)}")
 
-    @field_validator("grid", mode="before")
+    @field_validator("grid")
     @classmethod
-    def _grid(cls, name: Any, info: ValidationInfo) -> Any:
-        if not isinstance(name, str) or not name:
-            raise ValueError("required: the name of the grid this dashboard belongs to")
+    def _same_grid(cls, name: str, info: ValidationInfo) -> str:
         grid = (info.context or {}).get("grid")
         if grid is not None and name != grid.name:
             raise ValueError(f"the spec is for grid {name!r}, not {grid.name!r}")
         return name
 
-    @field_validator("panels", mode="before")
-    @classmethod
-    def _panels(cls, panels: Any, info: ValidationInfo) -> Any:
-        if not isinstance(panels, list) or not panels:
-            raise ValueError(f"required: a non-empty list of panels (kinds: {', '.join(PANELS)})")
-        grid = (info.context or {}).get("grid")
-        axes = [a for a in grid.axis_names() if a != "seed"] if grid is not None else None
-        return [check_panel(i, raw, axes) for i, raw in enumerate(panels)]
+
+class Dashboard(DashboardFile):
+    """A validated dashboard spec: which panels a grid's report holds, and the file it came from."""
+
+    path: Path | None = Field(default=None, description="the spec file (None: the default panels)")
+
+
+def _context(grid: Grid | None) -> dict[str, Any]:
+    axes = [a for a in grid.axis_names() if a != "seed"] if grid is not None else None
+    return {"grid": grid, "axes": axes}
+
+
+def parse_panel(raw: dict[str, Any], grid: Grid | None = None, source: str = "panel") -> PanelSpec:
+    """One panel (a mapping with ``kind``, ``figure`` and the kind's options), validated by its kind's model and,
+    given ``grid``, against the grid's axes; any problem raises :class:`SpecError` naming ``source``."""
+    return parse_spec(DashboardFile, {"grid": "-", "panels": [raw]}, source, SpecError, _context(grid)).panels[0]
 
 
 def load_dashboard(name_or_path: str | Path, grid: Grid | None = None) -> Dashboard:
@@ -189,21 +121,15 @@ def load_dashboard(name_or_path: str | Path, grid: Grid | None = None) -> Dashbo
         if str(name_or_path) not in specs:
             raise SpecError(f"no dashboard spec for grid {name_or_path!r}; known: {', '.join(specs)}")
         p = specs[str(name_or_path)]
-    data = read_yaml(p, SpecError)
-    if "grid" not in data:
-        raise SpecError(f"{p}: grid: required: the name of the grid this dashboard belongs to")
-    spec = parse_spec(DashboardFile, data, p, SpecError, context={"grid": grid})
-    return Dashboard(grid=spec.grid, path=p, title=spec.title, description=spec.description, panels=spec.panels)
+    spec = parse_spec(DashboardFile, read_yaml(p, SpecError), p, SpecError, _context(grid))
+    return Dashboard(**dict(spec), path=p)
 
 
 def default_dashboard(grid_name: str) -> Dashboard:
     """The panels every grid can show, for a grid without its own spec."""
-    specs = [
-        PanelSpec("r2_curves", "(no paper figure: generic view)"),
-        PanelSpec("loss_vs_floor", "(no paper figure: generic view)"),
-        PanelSpec("similarity_histograms", "(no paper figure: generic view)"),
-    ]
-    return Dashboard(grid=grid_name, path=None, title=f"{grid_name} (default panels)", panels=specs)
+    figure = "(no paper figure: generic view)"
+    specs = [panel_spec(kind, figure) for kind in ("r2_curves", "loss_vs_floor", "similarity_histograms")]
+    return Dashboard(grid=grid_name, title=f"{grid_name} (default panels)", panels=specs)
 
 
 def dashboard_for(grid_name: str, grid: Grid | None, dashboard: str | Path | Dashboard | None = None) -> Dashboard:

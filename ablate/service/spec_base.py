@@ -203,6 +203,8 @@ def _message(err: dict[str, Any], place: _Place) -> str:
         extra = place.field.json_schema_extra if place.field is not None else None
         noun += f" of {extra['unit']}" if isinstance(extra, dict) and "unit" in extra else ""
         return f"must be {noun} {_BOUNDS[kind]} {limit}{about}, got {value!r}"
+    if kind == "string_too_short" and ctx.get("min_length") == 1:
+        return f"expected a non-empty string{about}, got {value!r}"
     if kind == "too_short" and ctx.get("min_length") == 1:
         return f"expected a non-empty {'mapping' if isinstance(value, dict) else 'list'}{about}, got {value!r}"
     if kind in ("too_short", "too_long"):

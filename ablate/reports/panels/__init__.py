@@ -1,6 +1,6 @@
 """Report panels, one module per family of kinds; each kind computes a tidy DataFrame first, then draws it.
 
-Kinds (see each module for its options): r2_curves, lambda_hat_curves, loss_vs_floor (:mod:`.curves`);
+Kinds (each one's options: its spec model in :mod:`.options`): r2_curves, lambda_hat_curves, loss_vs_floor (:mod:`.curves`);
 final_heatmap, r2_blocks_vs_lambda, loss_vs_fixed_lambda, ensemble_bars (:mod:`.finals`);
 iterations_to_target, similarity_histograms (:mod:`.dynamics`).
 """
@@ -10,7 +10,6 @@ from ablate.reports.panels import curves, dynamics, finals  # noqa: F401 - regis
 from ablate.reports.panels.base import (
     PANELS,
     X_COLUMNS,
-    Option,
     PanelKind,
     PanelResult,
     PanelSpec,
@@ -18,12 +17,12 @@ from ablate.reports.panels.base import (
     compute_panels,
     panel_data,
     panel_figure,
+    panel_spec,
 )
 
 __all__ = [
     "PANELS",
     "X_COLUMNS",
-    "Option",
     "PanelKind",
     "PanelResult",
     "PanelSpec",
@@ -33,4 +32,5 @@ __all__ = [
     "final_rows",
     "panel_data",
     "panel_figure",
+    "panel_spec",
 ]

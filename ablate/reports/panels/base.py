@@ -1,7 +1,9 @@
 """Panel kinds' shared parts: the spec of one panel, the registry of kinds, and helpers for data and figures.
 
-A panel kind is a pair of functions registered in :data:`PANELS` (by the modules of this package):
+A panel kind is a spec model and a pair of functions registered in :data:`PANELS` (by the modules of this package):
 
+- ``spec``: a :class:`PanelSpec` subclass with ``kind: Literal[<name>]`` and the kind's own options as typed fields
+  (a dashboard YAML is validated against it; the functions read ``spec.x``, ``spec.color`` ...).
 - ``data(df, spec, ctx) -> DataFrame``: pure pandas on the table of :func:`ablate.analysis.results.load_results`
   (one row per trial per report) plus the trials' resolved configs in ``ctx``. Tests assert on this.
 - ``draw(data, spec, ctx) -> go.Figure``: a Plotly figure of exactly that frame, nothing recomputed.
@@ -15,89 +17,113 @@ from __future__ import annotations
 import fnmatch
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal, get_args
 
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.colors import hex_to_rgb, qualitative, sample_colorscale, unlabel_rgb
 from plotly.subplots import make_subplots
+from pydantic import AfterValidator, BeforeValidator, Field, StringConstraints, ValidationInfo
 
 from ablate.analysis.run import RunContext
 from ablate.columns import r2_block_lambda, r2_dim_index
 from ablate.service.grids import natural_key
+from ablate.service.spec_base import Spec
 
 __all__ = [
     "PANELS",
     "X_COLUMNS",
-    "Option",
+    "AxisList",
+    "AxisName",
+    "Listed",
     "PanelKind",
     "PanelResult",
     "PanelSpec",
+    "StrList",
+    "XColumn",
     "apply_where",
     "compute_panels",
     "empty_figure",
+    "grid_axes",
     "panel_data",
     "panel_figure",
+    "panel_spec",
     "register",
 ]
 
+#: A column a curve may use as its x axis.
+XColumn = Literal["step", "samples_seen", "training_iteration", "time_total_s"]
 #: Columns a curve may use as its x axis.
-X_COLUMNS = ("step", "samples_seen", "training_iteration", "time_total_s")
-#: Option types of the facet/colour options (an axis name or a list of them).
-COMMON_FACETS = (str, list)
+X_COLUMNS = get_args(XColumn)
 #: Every registered panel kind, by name.
 PANELS: dict[str, PanelKind] = {}
 
 
 # --------------------------------------------------------------------------- specs and context
-@dataclass(frozen=True)
-class Option:
-    """One setting a panel kind accepts in a dashboard YAML."""
-
-    types: tuple[type, ...]
-    default: Any = None
-    help: str = ""
-    axis: bool = False  # the value (or each value of a list) names a grid axis
-    required: bool = False
-    choices: tuple[Any, ...] | None = None
+def grid_axes(info: ValidationInfo) -> list[str] | None:
+    """The axes of the grid a dashboard is validated against (``context={"axes": [...]}``), or None: unchecked."""
+    return (info.context or {}).get("axes")
 
 
-@dataclass
-class PanelSpec:
-    """One panel of a dashboard: its kind, the paper figure it corresponds to and its options."""
+def _axis(name: str, info: ValidationInfo) -> str:
+    axes = grid_axes(info)
+    if axes is not None and name not in axes:
+        raise ValueError(f"{name!r} is not an axis of the grid; allowed: {', '.join(axes) or '(the grid has no axes)'}")
+    return name
 
-    kind: str
-    figure: str
-    title: str = ""
-    note: str = ""
-    where: dict[str, Any] = field(default_factory=dict)
-    options: dict[str, Any] = field(default_factory=dict)
 
-    def get(self, key: str) -> Any:
-        """An option's value, or the kind's default."""
-        if key in self.options:
-            return self.options[key]
-        return PANELS[self.kind].options[key].default
+def _listed(value: Any) -> Any:
+    return [] if value is None else value if isinstance(value, list) else [value]
+
+
+#: A value or a list of them (null: none), as a list: ``Annotated[list[X], Listed]``.
+Listed = BeforeValidator(_listed)
+#: The name of one of the grid's axes (checked when the dashboard is validated against a grid).
+AxisName = Annotated[str, AfterValidator(_axis)]
+#: One axis name or a list of them (null: none), as a list.
+AxisList = Annotated[list[AxisName], Listed]
+#: One string or a list of them, as a list.
+StrList = Annotated[list[str], Listed]
+
+
+class PanelSpec(Spec):
+    """One panel of a dashboard: its kind, the paper figure it corresponds to, a heading, a note and a filter.
+    Each kind's subclass adds its own options."""
+
+    kind: str = Field(description="the panel kind")
+    figure: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)] = Field(
+        description="the paper figure this panel corresponds to"
+    )
+    title: str = Field(default="", description="heading; default: the kind's title")
+    note: str = Field(default="", description="text under the heading")
+    where: dict[AxisName, Any] = Field(
+        default_factory=dict, description="filter: axis → value, list of values, min or max"
+    )
 
 
 @dataclass(frozen=True)
 class PanelKind:
-    """A registered panel kind."""
+    """A registered panel kind: its spec model (with its options), and how it computes and draws its data."""
 
     name: str
     title: str
     describe: str
-    data: Callable[[pd.DataFrame, PanelSpec, RunContext], pd.DataFrame]
-    draw: Callable[[pd.DataFrame, PanelSpec, RunContext], go.Figure]
-    options: dict[str, Option]
+    data: Callable[[pd.DataFrame, Any, RunContext], pd.DataFrame]
+    draw: Callable[[pd.DataFrame, Any, RunContext], go.Figure]
+    spec: type[PanelSpec]
 
 
 def register(kind: PanelKind) -> PanelKind:
     """Add a panel kind to :data:`PANELS` (a dashboard YAML names it by ``kind.name``)."""
     PANELS[kind.name] = kind
     return kind
+
+
+def panel_spec(kind: str, figure: str, **options: Any) -> PanelSpec:
+    """A panel of ``kind`` with ``options``, validated by the kind's spec model (no grid: axes unchecked)."""
+    return PANELS[kind].spec.model_validate({"kind": kind, "figure": figure, **options})
 
 
 # --------------------------------------------------------------------------- small helpers

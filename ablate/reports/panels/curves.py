@@ -11,12 +11,8 @@ from ablate.analysis.stats import seed_stats
 from ablate.columns import parse_lambda_hat
 from ablate.config import RunConfig
 from ablate.reports.panels.base import (
-    COMMON_FACETS,
-    X_COLUMNS,
-    Option,
     PanelKind,
     PanelSpec,
-    as_list,
     axes_in,
     empty_figure,
     finish,
@@ -34,24 +30,25 @@ from ablate.reports.panels.base import (
     sorted_unique,
     trace_mode,
 )
+from ablate.reports.panels.options import LambdaHatCurves, LossVsFloor, R2Curves
 
 
 # --------------------------------------------------------------------------- r2_curves
-def _r2_curves_data(df: pd.DataFrame, spec: PanelSpec, ctx: RunContext) -> pd.DataFrame:
+def _r2_curves_data(df: pd.DataFrame, spec: R2Curves, ctx: RunContext) -> pd.DataFrame:
     cols = ["facet", "color", "series", "metric", "x", "mean", "lo", "hi", "n_seeds"]
-    x = spec.get("x")
-    metrics = metric_columns(df, as_list(spec.get("y")))
+    x = spec.x
+    metrics = metric_columns(df, spec.y)
     if df.empty or not metrics or x not in df.columns:
         return pd.DataFrame(columns=cols)
     axes = axes_in(df, ctx)
-    color_axes = [a for a in as_list(spec.get("color")) if a in axes]
-    facet_axes = [a for a in as_list(spec.get("facet")) if a in axes]
+    color_axes = [a for a in spec.color if a in axes]
+    facet_axes = [a for a in spec.facet if a in axes]
     frames = []
     for metric in metrics:
         sub = df[df[metric].notna()]
         if sub.empty:
             continue
-        band = seed_ci if spec.get("band") == "ci95" else seed_stats  # lo/hi: the 95 % interval, or min and max
+        band = seed_ci if spec.band == "ci95" else seed_stats  # lo/hi: the 95 % interval, or min and max
         stats = band(sub, [*axes, x], metric).rename(columns={x: "x"})
         stats["metric"] = metric
         stats["series"] = stats.apply(lambda r: point_label({a: r[a] for a in axes}), axis=1)
@@ -129,18 +126,18 @@ def _draw_curves(
     return fig
 
 
-def _r2_curves_draw(data: pd.DataFrame, spec: PanelSpec, ctx: RunContext) -> go.Figure:
+def _r2_curves_draw(data: pd.DataFrame, spec: R2Curves, ctx: RunContext) -> go.Figure:
     if data.empty:
-        return empty_figure(spec, f"no {', '.join(as_list(spec.get('y')))} reported yet")
+        return empty_figure(spec, f"no {', '.join(spec.y)} reported yet")
     metrics = sorted_unique(data["metric"])
     metric_names = metric_label(metrics[0]) if len(metrics) == 1 else "value (legend: metric)"
     y_range = [-0.05, 1.05] if all(str(m).startswith(("r2", "mcc")) for m in data["metric"].unique()) else None
     return _draw_curves(
         data,
         spec,
-        x_title=spec.get("x"),
-        y_title=f"{metric_names} (mean over seeds; band: {'95 % CI' if spec.get('band') == 'ci95' else 'min–max'})",
-        log_x=bool(spec.get("log_x")),
+        x_title=spec.x,
+        y_title=f"{metric_names} (mean over seeds; band: {'95 % CI' if spec.band == 'ci95' else 'min–max'})",
+        log_x=spec.log_x,
         y_range=y_range,
     )
 
@@ -156,19 +153,19 @@ def _truth(cfg: RunConfig, member: int) -> tuple[list[float], str]:
     return list(true), "Λ" if len(lams) == 1 else f"Λ{member + 1}"
 
 
-def _lambda_hat_data(df: pd.DataFrame, spec: PanelSpec, ctx: RunContext) -> pd.DataFrame:
+def _lambda_hat_data(df: pd.DataFrame, spec: LambdaHatCurves, ctx: RunContext) -> pd.DataFrame:
     cols = ["facet", "trial_id", "member", "dim", "kind", "truth", "x", "value"]
     hat_cols = [c for c in df.columns if parse_lambda_hat(c) is not None]
     if df.empty or not hat_cols:
         return pd.DataFrame(columns=cols)
     axes = axes_in(df, ctx)
-    facet_axes = [a for a in as_list(spec.get("facet")) if a in axes] or axes
+    facet_axes = [a for a in spec.facet if a in axes] or axes
     # one trial per facet (the lowest seed): Λ̂ of different seeds would not be comparable dimension by dimension
     fin = final_rows(df).sort_values("seed", key=natural_col, kind="stable")
     fin = fin.assign(facet=fin.apply(lambda r: group_key(r, facet_axes), axis=1))
     chosen = fin.drop_duplicates("facet")
-    chosen = chosen.sort_values("facet", key=natural_col, kind="stable").head(int(spec.get("max_facets")))
-    x = spec.get("x")
+    chosen = chosen.sort_values("facet", key=natural_col, kind="stable").head(spec.max_facets)
+    x = spec.x
     rows = []
     for _, trial in chosen.iterrows():
         tdf = df[df["trial_id"] == trial["trial_id"]]
@@ -217,7 +214,7 @@ def _lambda_hat_data(df: pd.DataFrame, spec: PanelSpec, ctx: RunContext) -> pd.D
     return pd.DataFrame(rows, columns=cols)
 
 
-def _lambda_hat_draw(data: pd.DataFrame, spec: PanelSpec, ctx: RunContext) -> go.Figure:
+def _lambda_hat_draw(data: pd.DataFrame, spec: LambdaHatCurves, ctx: RunContext) -> go.Figure:
     if data.empty:
         return empty_figure(spec, "no learned Λ̂ reported (fixed or absent for this loss)")
     facets = list(dict.fromkeys(data["facet"]))
@@ -263,18 +260,18 @@ def _lambda_hat_draw(data: pd.DataFrame, spec: PanelSpec, ctx: RunContext) -> go
             col=col,
         )
         shown.add(name)
-    return finish(fig, spec, x=spec.get("x"), y="Λ̂ (learned concentration)", log_y=bool(spec.get("log_y")))
+    return finish(fig, spec, x=spec.x, y="Λ̂ (learned concentration)", log_y=spec.log_y)
 
 
 # --------------------------------------------------------------------------- loss_vs_floor (Fig. 2C)
-def _loss_floor_data(df: pd.DataFrame, spec: PanelSpec, ctx: RunContext) -> pd.DataFrame:
+def _loss_floor_data(df: pd.DataFrame, spec: LossVsFloor, ctx: RunContext) -> pd.DataFrame:
     cols = ["facet", "color", "series", "kind", "x", "mean", "lo", "hi", "n_seeds"]
-    loss, x = spec.get("loss"), spec.get("x")
+    loss, x = spec.loss, spec.x
     if df.empty or loss not in df.columns or x not in df.columns:
         return pd.DataFrame(columns=cols)
     axes = axes_in(df, ctx)
-    facet_axes = [a for a in as_list(spec.get("facet")) if a in axes]
-    color_axes = [a for a in as_list(spec.get("color")) if a in axes]
+    facet_axes = [a for a in spec.facet if a in axes]
+    color_axes = [a for a in spec.color if a in axes]
     frames = []
     for kind, column in (("loss", loss), ("floor", "loss_floor")):
         if column not in df.columns:
@@ -294,9 +291,9 @@ def _loss_floor_data(df: pd.DataFrame, spec: PanelSpec, ctx: RunContext) -> pd.D
     return out.sort_values(["facet", "series", "kind", "x"], key=natural_col, kind="stable").reset_index(drop=True)
 
 
-def _loss_floor_draw(data: pd.DataFrame, spec: PanelSpec, ctx: RunContext) -> go.Figure:
+def _loss_floor_draw(data: pd.DataFrame, spec: LossVsFloor, ctx: RunContext) -> go.Figure:
     if data.empty:
-        return empty_figure(spec, f"no {spec.get('loss')} reported yet")
+        return empty_figure(spec, f"no {spec.loss} reported yet")
     facets = sorted_unique(data["facet"])
     fig, where = make_facets(facets, shared_yaxes=True)
     colors = palette(sorted(sorted_unique(data["color"]), key=lambda v: sort_key(label_value(v))))
@@ -324,9 +321,9 @@ def _loss_floor_draw(data: pd.DataFrame, spec: PanelSpec, ctx: RunContext) -> go
     return finish(
         fig,
         spec,
-        x=spec.get("x"),
-        y=f"{spec.get('loss')} (solid) and its floor (dashed)",
-        log_y=bool(spec.get("log_y")),
+        x=spec.x,
+        y=f"{spec.loss} (solid) and its floor (dashed)",
+        log_y=spec.log_y,
     )
 
 
@@ -339,19 +336,7 @@ register(
         "band (min–max, or the 95 % t interval of the mean: band: ci95), coloured and faceted by grid axes.",
         _r2_curves_data,
         _r2_curves_draw,
-        {
-            "y": Option((str, list), "r2", "metric column(s) or glob pattern(s), e.g. r2_lambda_*"),
-            "x": Option((str,), "step", "x axis", choices=X_COLUMNS),
-            "color": Option(COMMON_FACETS, None, "axis (or axes) giving the line colour", axis=True),
-            "facet": Option(COMMON_FACETS, None, "axis (or axes) giving one subplot per value", axis=True),
-            "log_x": Option((bool,), False, "log-scale x axis"),
-            "band": Option(
-                (str,),
-                "minmax",
-                "minmax: min–max over seeds; ci95: the mean's 95 % t interval (≥ 2 seeds)",
-                choices=("minmax", "ci95"),
-            ),
-        },
+        R2Curves,
     )
 )
 
@@ -363,12 +348,7 @@ register(
         "(or Λ⁺ − Λ⁻ with hard negatives) dashed.",
         _lambda_hat_data,
         _lambda_hat_draw,
-        {
-            "x": Option((str,), "step", "x axis", choices=X_COLUMNS),
-            "facet": Option(COMMON_FACETS, None, "axes giving one subplot per value (default: every axis)", axis=True),
-            "max_facets": Option((int,), 9, "at most this many subplots"),
-            "log_y": Option((bool,), False, "log-scale Λ̂ axis"),
-        },
+        LambdaHatCurves,
     )
 )
 
@@ -380,12 +360,6 @@ register(
         "minimum), mean over seeds.",
         _loss_floor_data,
         _loss_floor_draw,
-        {
-            "loss": Option((str,), "eval_loss", "loss column", choices=("eval_loss", "loss")),
-            "x": Option((str,), "step", "x axis", choices=X_COLUMNS),
-            "color": Option(COMMON_FACETS, None, "axis (or axes) giving the line colour", axis=True),
-            "facet": Option(COMMON_FACETS, None, "axis (or axes) giving one subplot per value", axis=True),
-            "log_y": Option((bool,), False, "log-scale loss axis"),
-        },
+        LossVsFloor,
     )
 )

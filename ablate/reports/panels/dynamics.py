@@ -9,11 +9,7 @@ import plotly.graph_objects as go
 from ablate.analysis.run import RunContext, final_rows
 from ablate.analysis.stats import iterations_to_targets
 from ablate.reports.panels.base import (
-    COMMON_FACETS,
-    Option,
     PanelKind,
-    PanelSpec,
-    as_list,
     axes_in,
     empty_figure,
     finish,
@@ -26,17 +22,18 @@ from ablate.reports.panels.base import (
     sort_key,
     sorted_unique,
 )
+from ablate.reports.panels.options import IterationsToTarget, SimilarityHistograms
 
 
 # --------------------------------------------------------------------------- iterations_to_target (Fig. 8B, 9B)
-def _itt_data(df: pd.DataFrame, spec: PanelSpec, ctx: RunContext) -> pd.DataFrame:
+def _itt_data(df: pd.DataFrame, spec: IterationsToTarget, ctx: RunContext) -> pd.DataFrame:
     cols = ["x", "color", "target", "iterations", "lo", "hi", "n_reached", "n_seeds"]
-    x = spec.get("x")
-    targets = [float(t) for t in as_list(spec.get("targets"))]
+    x = spec.x
+    targets = [float(t) for t in spec.targets]
     if df.empty or "r2" not in df.columns or (x != "target" and x not in df.columns):
         return pd.DataFrame(columns=cols)
     axes = axes_in(df, ctx)
-    color_axes = [a for a in as_list(spec.get("color")) if a in axes]
+    color_axes = [a for a in spec.color if a in axes]
     raw = iterations_to_targets(df, axes, targets)
     raw["x"] = raw["target"] if x == "target" else raw[x]
     if color_axes:
@@ -49,11 +46,11 @@ def _itt_data(df: pd.DataFrame, spec: PanelSpec, ctx: RunContext) -> pd.DataFram
     return out[cols].sort_values(["color", "target", "x"], key=natural_col, kind="stable").reset_index(drop=True)
 
 
-def _itt_draw(data: pd.DataFrame, spec: PanelSpec, ctx: RunContext) -> go.Figure:
+def _itt_draw(data: pd.DataFrame, spec: IterationsToTarget, ctx: RunContext) -> go.Figure:
     if data.empty:
         return empty_figure(spec, "no R² reported yet")
     fig = go.Figure()
-    lines = ["color"] if spec.get("x") == "target" else ["color", "target"]
+    lines = ["color"] if spec.x == "target" else ["color", "target"]
     colors = palette(list(dict.fromkeys(data["color"])))
     symbols = ["circle", "square", "diamond", "triangle-up", "x", "star"]
     targets = sorted_unique(data["target"])
@@ -79,9 +76,9 @@ def _itt_draw(data: pd.DataFrame, spec: PanelSpec, ctx: RunContext) -> go.Figure
     fig = finish(
         fig,
         spec,
-        x="target R²" if spec.get("x") == "target" else spec.get("x"),
+        x="target R²" if spec.x == "target" else spec.x,
         y="iterations to target R² (mean over seeds that reached it)",
-        log_y=bool(spec.get("log_y")),
+        log_y=spec.log_y,
     )
     if note:
         fig.add_annotation(
@@ -110,7 +107,7 @@ def _itt_draw(data: pd.DataFrame, spec: PanelSpec, ctx: RunContext) -> go.Figure
 
 
 # --------------------------------------------------------------------------- similarity_histograms (Fig. 8C/F)
-def _hist_data(df: pd.DataFrame, spec: PanelSpec, ctx: RunContext) -> pd.DataFrame:
+def _hist_data(df: pd.DataFrame, spec: SimilarityHistograms, ctx: RunContext) -> pd.DataFrame:
     cols = ["facet", "kind", "bin_center", "density", "overlap", "n_seeds"]
     if df.empty or "sim_pos_hist" not in df.columns:
         return pd.DataFrame(columns=cols)
@@ -119,9 +116,9 @@ def _hist_data(df: pd.DataFrame, spec: PanelSpec, ctx: RunContext) -> pd.DataFra
     if fin.empty:
         return pd.DataFrame(columns=cols)
     axes = axes_in(fin, ctx)
-    facet_axes = [a for a in as_list(spec.get("facet")) if a in axes] or axes
+    facet_axes = [a for a in spec.facet if a in axes] or axes
     fin = fin.assign(facet=fin.apply(lambda r: group_key(r, facet_axes), axis=1))
-    facets = sorted(fin["facet"].unique(), key=lambda v: sort_key(label_value(v)))[: int(spec.get("max_facets"))]
+    facets = sorted(fin["facet"].unique(), key=lambda v: sort_key(label_value(v)))[: spec.max_facets]
     rows = []
     for facet in facets:
         g = fin[fin["facet"] == facet]
@@ -145,7 +142,7 @@ def _hist_data(df: pd.DataFrame, spec: PanelSpec, ctx: RunContext) -> pd.DataFra
     return pd.DataFrame(rows, columns=cols)
 
 
-def _hist_draw(data: pd.DataFrame, spec: PanelSpec, ctx: RunContext) -> go.Figure:
+def _hist_draw(data: pd.DataFrame, spec: SimilarityHistograms, ctx: RunContext) -> go.Figure:
     if data.empty:
         return empty_figure(spec, "no similarity histograms reported yet")
     facets = list(dict.fromkeys(data["facet"]))
@@ -184,12 +181,7 @@ register(
         "axis (or against the target itself), log scale.",
         _itt_data,
         _itt_draw,
-        {
-            "x": Option((str,), None, "axis on x, or 'target'", required=True),
-            "targets": Option((list, float), None, "target R² values", required=True),
-            "color": Option(COMMON_FACETS, None, "axis (or axes) giving one line per value", axis=True),
-            "log_y": Option((bool,), True, "log-scale iterations axis"),
-        },
+        IterationsToTarget,
     )
 )
 
@@ -201,9 +193,6 @@ register(
         "mean over seeds, with their overlap.",
         _hist_data,
         _hist_draw,
-        {
-            "facet": Option(COMMON_FACETS, None, "axes giving one subplot per value (default: every axis)", axis=True),
-            "max_facets": Option((int,), 9, "at most this many subplots"),
-        },
+        SimilarityHistograms,
     )
 )

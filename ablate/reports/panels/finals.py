@@ -10,11 +10,7 @@ import plotly.graph_objects as go
 from ablate.analysis.run import RunContext, final_rows
 from ablate.analysis.stats import block_r2, fixed_lambda_losses, seed_stats
 from ablate.reports.panels.base import (
-    COMMON_FACETS,
-    Option,
     PanelKind,
-    PanelSpec,
-    as_list,
     as_number,
     empty_figure,
     finish,
@@ -27,24 +23,25 @@ from ablate.reports.panels.base import (
     sort_key,
     sorted_unique,
 )
+from ablate.reports.panels.options import EnsembleBars, FinalHeatmap, LossVsFixedLambda, R2BlocksVsLambda
 
 
 # --------------------------------------------------------------------------- final_heatmap
-def _final_heatmap_data(df: pd.DataFrame, spec: PanelSpec, ctx: RunContext) -> pd.DataFrame:
+def _final_heatmap_data(df: pd.DataFrame, spec: FinalHeatmap, ctx: RunContext) -> pd.DataFrame:
     cols = ["facet", "x", "y", "value", "std", "n_seeds"]
-    x, y, metric = spec.get("x"), spec.get("y"), spec.get("metric")
+    x, y, metric = spec.x, spec.y, spec.metric
     if df.empty or x not in df.columns or y not in df.columns or metric not in df.columns:
         return pd.DataFrame(columns=cols)
     fin = final_rows(df)
-    facet_axes = [a for a in as_list(spec.get("facet")) if a in fin.columns]
+    facet_axes = [a for a in spec.facet if a in fin.columns]
     fin = fin.assign(facet=fin.apply(lambda r: group_key(r, facet_axes), axis=1) if facet_axes else "")
     g = fin.groupby(["facet", x, y], dropna=False, sort=False)[metric]
     out = g.agg(value="mean", std="std", n_seeds="count").reset_index().rename(columns={x: "x", y: "y"})
     return out[cols].sort_values(["facet", "y", "x"], key=natural_col, kind="stable").reset_index(drop=True)
 
 
-def _final_heatmap_draw(data: pd.DataFrame, spec: PanelSpec, ctx: RunContext) -> go.Figure:
-    metric = spec.get("metric")
+def _final_heatmap_draw(data: pd.DataFrame, spec: FinalHeatmap, ctx: RunContext) -> go.Figure:
+    metric = spec.metric
     if data.empty:
         return empty_figure(spec, f"no final {metric} yet")
     facets = sorted_unique(data["facet"])
@@ -71,23 +68,23 @@ def _final_heatmap_draw(data: pd.DataFrame, spec: PanelSpec, ctx: RunContext) ->
                 zmin=0 if r2_like else None,
                 zmax=1 if r2_like else None,
                 colorbar={"title": {"text": metric}},
-                hovertemplate=f"{spec.get('x')}=%{{x}}<br>{spec.get('y')}=%{{y}}<br>{metric}=%{{z:.4f}}<extra></extra>",
+                hovertemplate=f"{spec.x}=%{{x}}<br>{spec.y}=%{{y}}<br>{metric}=%{{z:.4f}}<extra></extra>",
             ),
             row=row,
             col=col,
         )
     fig.update_xaxes(type="category")
     fig.update_yaxes(type="category")
-    return finish(fig, spec, x=spec.get("x"), y=spec.get("y"))
+    return finish(fig, spec, x=spec.x, y=spec.y)
 
 
 # --------------------------------------------------------------------------- r2_blocks_vs_lambda (Fig. 2A)
-def _blocks_data(df: pd.DataFrame, spec: PanelSpec, ctx: RunContext) -> pd.DataFrame:
+def _blocks_data(df: pd.DataFrame, spec: R2BlocksVsLambda, ctx: RunContext) -> pd.DataFrame:
     cols = ["color", "x", "block", "block_lambda", "mean", "lo", "hi", "n_seeds"]
     raw = block_r2(df, ctx)
     if raw.empty:
         return pd.DataFrame(columns=cols)
-    color_axes = [a for a in as_list(spec.get("color")) if a in raw.columns]
+    color_axes = [a for a in spec.color if a in raw.columns]
     raw = raw.assign(
         color=raw.apply(lambda r: group_key(r, color_axes), axis=1) if color_axes else "",
         x=raw["varied_lambda"],
@@ -97,7 +94,7 @@ def _blocks_data(df: pd.DataFrame, spec: PanelSpec, ctx: RunContext) -> pd.DataF
     return out[cols].sort_values(["color", "block", "x"], key=natural_col, kind="stable").reset_index(drop=True)
 
 
-def _blocks_draw(data: pd.DataFrame, spec: PanelSpec, ctx: RunContext) -> go.Figure:
+def _blocks_draw(data: pd.DataFrame, spec: R2BlocksVsLambda, ctx: RunContext) -> go.Figure:
     if data.empty:
         return empty_figure(spec, "no per-block R² yet (needs r2_lambda_<Λ> columns)")
     fig = go.Figure()
@@ -123,21 +120,19 @@ def _blocks_draw(data: pd.DataFrame, spec: PanelSpec, ctx: RunContext) -> go.Fig
                 marker={"symbol": "circle" if block == "Λ₁ block" else "square", "size": 8},
             )
         )
-    fig = finish(
-        fig, spec, x="Λ₂ (concentration of the varied block)", y="final R² of the block", log_x=bool(spec.get("log_x"))
-    )
+    fig = finish(fig, spec, x="Λ₂ (concentration of the varied block)", y="final R² of the block", log_x=spec.log_x)
     fig.update_yaxes(range=[-0.05, 1.05])
     fig.update_layout(height=420)
     return fig
 
 
 # --------------------------------------------------------------------------- loss_vs_fixed_lambda (Fig. 10A)
-def _fixed_lambda_data(df: pd.DataFrame, spec: PanelSpec, ctx: RunContext) -> pd.DataFrame:
+def _fixed_lambda_data(df: pd.DataFrame, spec: LossVsFixedLambda, ctx: RunContext) -> pd.DataFrame:
     cols = ["color", "fixed_lambda", "mean", "lo", "hi", "n_seeds", "optimum", "optimum_label"]
-    raw = fixed_lambda_losses(df, ctx, spec.get("metric"))
+    raw = fixed_lambda_losses(df, ctx, spec.metric)
     if raw.empty:
         return pd.DataFrame(columns=cols)
-    color_axes = [a for a in as_list(spec.get("color")) if a in raw.columns]
+    color_axes = [a for a in spec.color if a in raw.columns]
     raw = raw.assign(
         color=raw.apply(lambda r: group_key(r, color_axes), axis=1) if color_axes else "",
         optimum_label=raw["hard"].map({True: "Λ⁺ − Λ⁻", False: "Λ⁺ (no hard negatives)"}),
@@ -146,7 +141,7 @@ def _fixed_lambda_data(df: pd.DataFrame, spec: PanelSpec, ctx: RunContext) -> pd
     return out[cols].sort_values(["color", "fixed_lambda"], key=natural_col, kind="stable").reset_index(drop=True)
 
 
-def _fixed_lambda_draw(data: pd.DataFrame, spec: PanelSpec, ctx: RunContext) -> go.Figure:
+def _fixed_lambda_draw(data: pd.DataFrame, spec: LossVsFixedLambda, ctx: RunContext) -> go.Figure:
     if data.empty:
         return empty_figure(spec, "no trial with a fixed Λ̂ (fixed_lambda_hat) has reported yet")
     fig = go.Figure()
@@ -183,7 +178,7 @@ def _fixed_lambda_draw(data: pd.DataFrame, spec: PanelSpec, ctx: RunContext) -> 
             annotation_text=f"{label} = {opt:g}",
             annotation_position="top" if i % 2 == 0 else "bottom",
         )
-    fig = finish(fig, spec, x="fixed Λ̂", y=f"final {spec.get('metric')}", log_x=bool(spec.get("log_x")))
+    fig = finish(fig, spec, x="fixed Λ̂", y=f"final {spec.metric}", log_x=spec.log_x)
     fig.update_layout(height=420)
     return fig
 
@@ -199,21 +194,21 @@ def _paper_value(paper: Any, key: Any, scale: float = 1.0) -> float | None:
     return None
 
 
-def _bars_data(df: pd.DataFrame, spec: PanelSpec, ctx: RunContext) -> pd.DataFrame:
+def _bars_data(df: pd.DataFrame, spec: EnsembleBars, ctx: RunContext) -> pd.DataFrame:
     cols = ["facet", "x", "mean", "std", "n_seeds", "paper"]
-    x, metric = spec.get("x"), spec.get("metric")
+    x, metric = spec.x, spec.metric
     if df.empty or x not in df.columns or metric not in df.columns:
         return pd.DataFrame(columns=cols)
     fin = final_rows(df)
-    facet_axes = [a for a in as_list(spec.get("facet")) if a in fin.columns]
+    facet_axes = [a for a in spec.facet if a in fin.columns]
     fin = fin.assign(facet=fin.apply(lambda r: group_key(r, facet_axes), axis=1) if facet_axes else "")
     g = fin.groupby(["facet", x], dropna=False, sort=False)[metric]
     out = g.agg(mean="mean", std="std", n_seeds="count").reset_index().rename(columns={x: "x"})
     paper = ctx.paper_values
-    if spec.get("paper_key"):
-        paper = paper.get(spec.get("paper_key"), {}) if isinstance(paper, dict) else {}
-    out["paper"] = out["x"].map(lambda v: _paper_value(paper, v, float(spec.get("paper_scale"))))
-    order = {v: i for i, v in enumerate(as_list(spec.get("order")))}
+    if spec.paper_key:
+        paper = paper.get(spec.paper_key, {}) if isinstance(paper, dict) else {}
+    out["paper"] = out["x"].map(lambda v: _paper_value(paper, v, spec.paper_scale))
+    order = {v: i for i, v in enumerate(spec.order)}
     out = out.sort_values(
         ["facet", "x"],
         key=lambda s: s.map(lambda v: (order.get(v, len(order)), sort_key(v))) if s.name == "x" else natural_col(s),
@@ -222,9 +217,9 @@ def _bars_data(df: pd.DataFrame, spec: PanelSpec, ctx: RunContext) -> pd.DataFra
     return out[cols].reset_index(drop=True)
 
 
-def _bars_draw(data: pd.DataFrame, spec: PanelSpec, ctx: RunContext) -> go.Figure:
+def _bars_draw(data: pd.DataFrame, spec: EnsembleBars, ctx: RunContext) -> go.Figure:
     if data.empty:
-        return empty_figure(spec, f"no final {spec.get('metric')} yet")
+        return empty_figure(spec, f"no final {spec.metric} yet")
     facets = list(dict.fromkeys(data["facet"]))
     fig, where = make_facets(facets, shared_yaxes=True)
     colors = palette(list(dict.fromkeys(data["x"])))
@@ -261,7 +256,7 @@ def _bars_draw(data: pd.DataFrame, spec: PanelSpec, ctx: RunContext) -> go.Figur
                 row=row,
                 col=col,
             )
-    fig = finish(fig, spec, x=spec.get("x"), y=f"final {spec.get('metric')}")
+    fig = finish(fig, spec, x=spec.x, y=f"final {spec.metric}")
     fig.update_yaxes(range=[0, 1.12])
     fig.update_layout(height=max(fig.layout.height or 0, 420))
     return fig
@@ -275,12 +270,7 @@ register(
         "The final value of a metric (default R²) over two grid axes, mean over seeds.",
         _final_heatmap_data,
         _final_heatmap_draw,
-        {
-            "x": Option((str,), None, "axis on x", axis=True, required=True),
-            "y": Option((str,), None, "axis on y", axis=True, required=True),
-            "metric": Option((str,), "r2", "metric column"),
-            "facet": Option(COMMON_FACETS, None, "axis (or axes) giving one heatmap per value", axis=True),
-        },
+        FinalHeatmap,
     )
 )
 
@@ -292,10 +282,7 @@ register(
         "Λ₂, one pair of lines per loss.",
         _blocks_data,
         _blocks_draw,
-        {
-            "color": Option(COMMON_FACETS, None, "axis separating the losses (e.g. variant)", axis=True),
-            "log_x": Option((bool,), True, "log-scale Λ₂ axis"),
-        },
+        R2BlocksVsLambda,
     )
 )
 
@@ -306,11 +293,7 @@ register(
         "The final loss of runs trained with Λ̂ held fixed, against that Λ̂, with Λ⁺ − Λ⁻ (Cor. B.1) marked.",
         _fixed_lambda_data,
         _fixed_lambda_draw,
-        {
-            "metric": Option((str,), "eval_loss", "loss column", choices=("eval_loss", "loss")),
-            "color": Option(COMMON_FACETS, None, "axis (or axes) giving one line per value", axis=True),
-            "log_x": Option((bool,), False, "log-scale Λ̂ axis"),
-        },
+        LossVsFixedLambda,
     )
 )
 
@@ -321,13 +304,6 @@ register(
         "Final R² per variant (mean ± std over seeds) with the paper's reported values marked.",
         _bars_data,
         _bars_draw,
-        {
-            "x": Option((str,), "variant", "axis giving the bars", axis=True),
-            "metric": Option((str,), "r2", "metric column"),
-            "paper_key": Option((str,), None, "entry of the grid's paper_values holding the values per bar"),
-            "paper_scale": Option((float,), 1.0, "factor on the paper's values (0.01 for percentages)"),
-            "order": Option((list,), None, "order of the bars"),
-            "facet": Option(COMMON_FACETS, None, "axis (or axes) giving one subplot per value", axis=True),
-        },
+        EnsembleBars,
     )
 )
