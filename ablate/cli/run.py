@@ -134,8 +134,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _run_one(args: argparse.Namespace, grid) -> int:
     from ablate.service.cluster import auth_hint
     from ablate.service.grids import natural_key
+    from ablate.service.outcome import StorageFull, summary_rows
     from ablate.service.packs import resolve_pack
-    from ablate.service.runner import StorageFull, run_grid, summary_rows
+    from ablate.service.runner import run_grid
 
     def announce(run_dir: str, url: str | None) -> None:
         print(f"run: {run_dir}")
