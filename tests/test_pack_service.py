@@ -21,8 +21,8 @@ from ablate.analysis.claims.evaluate import evaluate_run
 from ablate.analysis.results import load_results
 from ablate.core.pack_fields import pack_groups
 from ablate.service.grids import known_grids, load_grid
-from ablate.service.params import PACK_KEY
 from ablate.service.pack_trainable import PackTrainable
+from ablate.service.params import PACK_KEY
 
 #: Columns that differ between two runs of the same numbers: ids, timing, host, and where the batch was drawn.
 _RUN_SPECIFIC = {"trial_id", "pack", "time_total_s", "prefetch"}
@@ -74,7 +74,14 @@ def test_a_packed_run_equals_the_unpacked_run_row_for_row(name, ray_session, tmp
 
 def _pack_params(**member_overrides):
     grid = load_grid("batch_vs_lambda", "smoke")
-    base = {"grid": grid.name, "scale": "smoke", **grid.base, **grid.stop.settings(), "max_steps": 60, "report_every": 20}
+    base = {
+        "grid": grid.name,
+        "scale": "smoke",
+        **grid.base,
+        **grid.stop.settings(),
+        "max_steps": 60,
+        "report_every": 20,
+    }
     points = [{"seed": 0}, {"seed": 1, **member_overrides}, {"seed": 2}]
     return {**base, PACK_KEY: points}
 

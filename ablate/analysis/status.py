@@ -9,8 +9,8 @@ from ablate.pidlock import lock_holder
 from ablate.provenance import summary_line
 from ablate.rundir import DRIVER_LOCK, INTERRUPTED, TRIAL_PREFIX, RunReader, is_remote
 from ablate.service.grids import axis_text, natural_key
-from ablate.service.params import flat_params
 from ablate.service.integrity import log_problem
+from ablate.service.params import flat_params
 
 __all__ = ["run_status", "varying_keys"]
 

@@ -20,8 +20,8 @@ from ray import tune
 from ablate import ray_compat
 from ablate.core.experiment import Experiment
 from ablate.rundir import atomic_write
-from ablate.service.params import config_from_params, flat_params
 from ablate.service.integrity import CHECKPOINT_FILE, checkpoint_iteration, load_state, newest_loadable
+from ablate.service.params import config_from_params, flat_params
 from ablate.service.spare_cores import SpareCoreMeter
 
 __all__ = ["AblateTrainable", "CHECKPOINT_FILE", "FaultSpec", "InjectedFault", "load_state", "write_checkpoint"]
