@@ -24,8 +24,8 @@ test: setup
 	$(BIN)/python -m pytest -q --durations=25
 
 lint: setup
-	$(BIN)/ruff check ablate tests
-	$(BIN)/ruff format --check ablate tests
+	$(BIN)/ruff check ablate tests benchmarks
+	$(BIN)/ruff format --check ablate tests benchmarks
 
 clean:
 	rm -rf $(VENV)

@@ -116,8 +116,13 @@ def _peak_rss_child(batch: int) -> None:
 
 def bench_memory(batch: int) -> dict:
     code = f"import benchmarks.__main__ as b; b._peak_rss_child({batch})"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -137,8 +142,14 @@ def bench_ray(grid_name: str, scale: str) -> dict:
     compute = float(df.groupby("trial_id")["time_total_s"].max().sum())
     conc = min(os.cpu_count() or 1, grid.n_trials)
     ideal = compute / conc
-    return {"grid": f"{grid_name}@{scale}", "trials": grid.n_trials, "wall_s": wall, "compute_s": compute,
-            "concurrency": conc, "overhead_pct": 100 * (wall - ideal) / wall}
+    return {
+        "grid": f"{grid_name}@{scale}",
+        "trials": grid.n_trials,
+        "wall_s": wall,
+        "compute_s": compute,
+        "concurrency": conc,
+        "overhead_pct": 100 * (wall - ideal) / wall,
+    }
 
 
 def bench_profile(batch: int = 1000, d: int = 10, steps: int = 20, top: int = 12) -> list[dict]:
@@ -155,12 +166,18 @@ def bench_profile(batch: int = 1000, d: int = 10, steps: int = 20, top: int = 12
         exp.train(steps)
     events = prof.key_averages()
     total = sum(e.self_cpu_time_total for e in events)
-    rows = [{"op": e.key, "ms_per_step": e.self_cpu_time_total / 1e3 / steps,
-             "share_pct": 100 * e.self_cpu_time_total / total}
-            for e in sorted(events, key=lambda e: -e.self_cpu_time_total)[:top]]
+    rows = [
+        {
+            "op": e.key,
+            "ms_per_step": e.self_cpu_time_total / 1e3 / steps,
+            "share_pct": 100 * e.self_cpu_time_total / total,
+        }
+        for e in sorted(events, key=lambda e: -e.self_cpu_time_total)[:top]
+    ]
     matmul = sum(e.self_cpu_time_total for e in events if e.key in ("aten::mm", "aten::addmm", "aten::bmm"))
-    rows.append({"op": "all matmuls (mm, addmm, bmm)", "ms_per_step": matmul / 1e3 / steps,
-                 "share_pct": 100 * matmul / total})
+    rows.append(
+        {"op": "all matmuls (mm, addmm, bmm)", "ms_per_step": matmul / 1e3 / steps, "share_pct": 100 * matmul / total}
+    )
     return rows
 
 
@@ -168,8 +185,9 @@ def bench_profile(batch: int = 1000, d: int = 10, steps: int = 20, top: int = 12
 BIMODAL = {"latent_dim": 10, "concentration": "5/25", "loss": "aninfonce", "generator_seed": 0}
 
 
-def bench_time_to_r2(preset: str, budget_s: float, seed: int = 0, targets=(0.9, 0.95, 0.99),
-                     curve: str | None = None) -> dict:
+def bench_time_to_r2(
+    preset: str, budget_s: float, seed: int = 0, targets=(0.9, 0.95, 0.99), curve: str | None = None
+) -> dict:
     """Wall-clock seconds (training and evaluation, this process's threads) until R² first reaches each target
     on the bimodal setting, training with ``preset``; stops at the last target or after ``budget_s``.
     ``curve``: a CSV file that receives ``seconds,step,r2`` after every report."""
@@ -193,8 +211,7 @@ def bench_time_to_r2(preset: str, budget_s: float, seed: int = 0, targets=(0.9, 
         for t in targets:
             if r2 >= t and t not in reached:
                 reached[t] = time.perf_counter() - started
-    row = {"preset": preset, "seed": seed, "steps": exp.step, "wall_s": time.perf_counter() - started,
-           "best_r2": best}
+    row = {"preset": preset, "seed": seed, "steps": exp.step, "wall_s": time.perf_counter() - started, "best_r2": best}
     row.update({f"s_to_{t:g}": reached.get(t, float("nan")) for t in targets})
     return row
 
@@ -213,12 +230,23 @@ def bench_reference_curve(seed: int, steps: int = 10_000, every: int = 1000, sha
         m = exp.train(min(every, steps - exp.step))
         ev = exp.evaluate()
         lam = sorted(exp.lambda_hat().tolist())
-        rows.append({"seed": seed, "step": exp.step, "seconds": time.perf_counter() - started, "loss": m["loss"],
-                     "r2": ev["r2"], **{c: ev[c] for c in (r2_block_column(5), r2_block_column(25))},
-                     "lambda_hat_low": sum(lam[:5]) / 5, "lambda_hat_high": sum(lam[5:]) / 5,
-                     "lambda_hat": " ".join(f"{v:.2f}" for v in lam)})
-        print(f"  seed {seed} step {exp.step}: r2 {ev['r2']:.4f} loss {m['loss']:.4f} Λ̂ [{rows[-1]['lambda_hat']}]",
-              flush=True)
+        rows.append(
+            {
+                "seed": seed,
+                "step": exp.step,
+                "seconds": time.perf_counter() - started,
+                "loss": m["loss"],
+                "r2": ev["r2"],
+                **{c: ev[c] for c in (r2_block_column(5), r2_block_column(25))},
+                "lambda_hat_low": sum(lam[:5]) / 5,
+                "lambda_hat_high": sum(lam[5:]) / 5,
+                "lambda_hat": " ".join(f"{v:.2f}" for v in lam),
+            }
+        )
+        print(
+            f"  seed {seed} step {exp.step}: r2 {ev['r2']:.4f} loss {m['loss']:.4f} Λ̂ [{rows[-1]['lambda_hat']}]",
+            flush=True,
+        )
     return rows
 
 
@@ -232,9 +260,17 @@ def bench_generator_build(dims=(2, 5, 10, 20, 40, 60), seeds=(0, 1, 2)) -> list[
             generator._generator_weights.cache_clear()
             t = time.perf_counter()
             g = generator.build_generator(d, seed=seed)
-            rows.append({"d": d, "seed": seed, "build_s": time.perf_counter() - t, "threshold": g.info.threshold,
-                         "max_layer_cond": max(g.info.layer_conditions), "draws": g.info.draws,
-                         "pools": g.info.pools})
+            rows.append(
+                {
+                    "d": d,
+                    "seed": seed,
+                    "build_s": time.perf_counter() - t,
+                    "threshold": g.info.threshold,
+                    "max_layer_cond": max(g.info.layer_conditions),
+                    "draws": g.info.draws,
+                    "pools": g.info.pools,
+                }
+            )
     return rows
 
 
@@ -244,7 +280,7 @@ def _print(title: str, rows: list[dict]) -> None:
         return
     cols = list(rows[0])
     fmt = [f"{r[c]:.4g}" if isinstance(r[c], float) else str(r[c]) for r in rows for c in cols]
-    cells = [fmt[i * len(cols):(i + 1) * len(cols)] for i in range(len(rows))]
+    cells = [fmt[i * len(cols) : (i + 1) * len(cols)] for i in range(len(rows))]
     widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
     print(" | ".join(c.rjust(w) for c, w in zip(cols, widths)))
     print(" | ".join("-" * w for w in widths))
@@ -255,8 +291,11 @@ def _print(title: str, rows: list[dict]) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks")
     p.add_argument("--quick", action="store_true", help="fewer steps and sizes")
-    p.add_argument("--only", default="step,sampler,memory,ray",
-                   help="comma-separated parts; time_to_r2 (opt-in) trains the bimodal setting up to --budget s")
+    p.add_argument(
+        "--only",
+        default="step,sampler,memory,ray",
+        help="comma-separated parts; time_to_r2 (opt-in) trains the bimodal setting up to --budget s",
+    )
     p.add_argument("--ray-grid", default="batch_vs_dim")
     p.add_argument("--ray-scale", default="smoke")
     p.add_argument("--preset", default="fast", help="time_to_r2: the preset to train with ('reference' = defaults)")
@@ -273,8 +312,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--window", type=float, default=300.0, help="ray_cpu with --pid: seconds to sample")
     args = p.parse_args(argv)
     parts = set(args.only.split(","))
-    print(f"# ablate benchmarks: torch {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"{os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d %H:%M')}")
+    print(
+        f"# ablate benchmarks: torch {torch.__version__}, {torch.get_num_threads()} threads, "
+        f"{os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d %H:%M')}"
+    )
     if "step" in parts:
         peak = matmul_rate()
         print(f"\nmeasured fp32 matmul rate (2048³): {peak:.1f} GFLOP/s")
@@ -292,8 +333,10 @@ def main(argv: list[str] | None = None) -> int:
     if "prefetch" in parts:  # opt-in: the batch prefetch thread, alone and beside another trial
         from benchmarks.prefetch import bench_prefetch
 
-        _print("ms per step with and without drawing the next batch in a second thread (1 torch thread)",
-               bench_prefetch(20 if args.quick else 60))
+        _print(
+            "ms per step with and without drawing the next batch in a second thread (1 torch thread)",
+            bench_prefetch(20 if args.quick else 60),
+        )
     if "sampler" in parts:
         rows = [bench_sampler(d, lam) for d in (10, 20) for lam in (5.0, 25.0, 75.0)]
         _print("conditional sampler (threshold 0.1)", rows)
@@ -317,8 +360,10 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks.ray_scale import bench_shared_ray
 
         grids = args.grids.split(",")
-        _print(f"{len(grids)} grids ({args.scale}): one `ablate run` each against one `ablate run` of all",
-               bench_shared_ray(grids, args.scale))
+        _print(
+            f"{len(grids)} grids ({args.scale}): one `ablate run` each against one `ablate run` of all",
+            bench_shared_ray(grids, args.scale),
+        )
     if "ray_cpu" in parts:  # opt-in: CPU seconds per process role of an `ablate run` (Linux /proc)
         from benchmarks.ray_cpu import bench_ray_cpu, bench_running
 
@@ -330,12 +375,16 @@ def main(argv: list[str] | None = None) -> int:
     if "generator" in parts:  # opt-in: builds g from scratch for d up to 60
         _print("building the papers' g (25 000-draw pool, its minimum as threshold, 3 layers)", bench_generator_build())
     if "time_to_r2" in parts:  # opt-in: it runs up to --budget seconds per seed
-        _print(f"time to R² on the bimodal setting (Λ = 5/25, d = 10), preset {args.preset}",
-               [bench_time_to_r2(args.preset, args.budget, seed=s, curve=args.curve) for s in seeds])
+        _print(
+            f"time to R² on the bimodal setting (Λ = 5/25, d = 10), preset {args.preset}",
+            [bench_time_to_r2(args.preset, args.budget, seed=s, curve=args.curve) for s in seeds],
+        )
     if "reference_curve" in parts:  # opt-in: 10k reference steps per seed (~20 min each on 2 cores)
         rows = [r for s in seeds for r in bench_reference_curve(s, args.steps)]
-        _print("reference curve: RunConfig defaults (the reference code's settings) on the papers' g, a g per seed",
-               [{k: v for k, v in r.items() if k != "lambda_hat"} for r in rows])
+        _print(
+            "reference curve: RunConfig defaults (the reference code's settings) on the papers' g, a g per seed",
+            [{k: v for k, v in r.items() if k != "lambda_hat"} for r in rows],
+        )
     return 0
 
 

@@ -40,8 +40,18 @@ def batched_aninfonce_loss(h1: Tensor, h2: Tensor, lambda_hat: Tensor) -> Tensor
 class BatchedAnInfoNCEModels:
     """k independent AnInfoNCE runs of one setting (lr 1e-4 for f, 1e-3 for Λ̂, as the reference)."""
 
-    def __init__(self, k: int, *, d: int, batch: int, concentration: list[float], device: str = "cpu",
-                 lr: float = 1e-4, lr_lambda: float = 1e-3, seed: int = 0):
+    def __init__(
+        self,
+        k: int,
+        *,
+        d: int,
+        batch: int,
+        concentration: list[float],
+        device: str = "cpu",
+        lr: float = 1e-4,
+        lr_lambda: float = 1e-3,
+        seed: int = 0,
+    ):
         self.k, self.d, self.batch = k, d, batch
         self.device = torch.device(device)
         gen = torch.Generator().manual_seed(seed)
@@ -57,8 +67,9 @@ class BatchedAnInfoNCEModels:
         self.g = build_generator(d, seed=seed).to(self.device)
         self.lam = torch.tensor(concentration, device=self.device)
         self.rng = torch.Generator(device=self.device).manual_seed(seed + 1)
-        self.optimizer = torch.optim.Adam([{"params": self.weights + self.biases, "lr": lr},
-                                           {"params": [self.theta], "lr": lr_lambda}])
+        self.optimizer = torch.optim.Adam(
+            [{"params": self.weights + self.biases, "lr": lr}, {"params": [self.theta], "lr": lr_lambda}]
+        )
 
     def encode(self, x: Tensor) -> Tensor:
         """Shape: ``(k, n, d) -> (k, n, d)``."""

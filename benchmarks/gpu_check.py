@@ -87,8 +87,11 @@ def part_limit(out: Path) -> list[dict]:
     text = subprocess.run([smi], capture_output=True, text=True).stdout if smi else "nvidia-smi not found"
     (out / "nvidia_smi.txt").write_text(text)
     print(text, flush=True)
-    return [{"n": n, "precision": "tf32" if tf32 else "fp32", "tflops": matmul_tflops(n, tf32)}
-            for n in (4096, 8192) for tf32 in (False, True)]
+    return [
+        {"n": n, "precision": "tf32" if tf32 else "fp32", "tflops": matmul_tflops(n, tf32)}
+        for n in (4096, 8192)
+        for tf32 in (False, True)
+    ]
 
 
 # ------------------------------------------------------------------- step
@@ -127,8 +130,15 @@ def part_step(limits: list[dict], quick: bool) -> list[dict]:
             ms = ms_per_step(exp, 50 if quick else 200)
             tflops = _step_flops(exp) / (ms / 1e3) / 1e12
             prec = "tf32" if tf32 else "fp32"
-            rows.append({"batch": batch, "precision": prec, "ms_per_step": ms, "tflops": tflops,
-                         "ratio_to_limit": tflops / peak[prec]})
+            rows.append(
+                {
+                    "batch": batch,
+                    "precision": prec,
+                    "ms_per_step": ms,
+                    "tflops": tflops,
+                    "ratio_to_limit": tflops / peak[prec],
+                }
+            )
     torch.backends.cuda.matmul.allow_tf32 = False
     return rows
 
@@ -155,13 +165,19 @@ def packed_processes(k: int, seconds: float) -> dict:
     start_at = time.time() + 12.0 + 1.5 * k  # every child has built its experiment and warmed up by then
     code = f"from benchmarks.gpu_check import _packing_child; _packing_child({seconds}, {start_at})"
     root = Path(__file__).resolve().parents[1]
-    procs = [subprocess.Popen([sys.executable, "-c", code], cwd=root, stdout=subprocess.PIPE, text=True)
-             for _ in range(k)]
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code], cwd=root, stdout=subprocess.PIPE, text=True) for _ in range(k)
+    ]
     results = [json.loads(p.communicate()[0].strip().splitlines()[-1]) for p in procs]
     late = max(0.0, time.time() - start_at - seconds - 5)
     total = sum(r["steps"] / r["seconds"] for r in results)
-    return {"how": "processes", "k": k, "steps_per_s_total": total, "steps_per_s_each": total / k,
-            "note": f"children started {late:.0f} s late" if late > 0 else ""}
+    return {
+        "how": "processes",
+        "k": k,
+        "steps_per_s_total": total,
+        "steps_per_s_each": total / k,
+        "note": f"children started {late:.0f} s late" if late > 0 else "",
+    }
 
 
 def cuda_graph_step(seconds: float) -> dict:
@@ -225,8 +241,13 @@ def _guarded(how: str, k: int, fn, *args) -> dict:
     try:
         return fn(*args)
     except Exception as exc:  # noqa: BLE001 - report, do not stop the other measurements
-        return {"how": how, "k": k, "steps_per_s_total": float("nan"), "steps_per_s_each": float("nan"),
-                "note": f"failed: {type(exc).__name__}: {str(exc)[:200]}"}
+        return {
+            "how": how,
+            "k": k,
+            "steps_per_s_total": float("nan"),
+            "steps_per_s_each": float("nan"),
+            "note": f"failed: {type(exc).__name__}: {str(exc)[:200]}",
+        }
 
 
 def part_packing(quick: bool) -> list[dict]:
@@ -253,9 +274,19 @@ def _curve_child(seed: int, steps: int, every: int, tf32: bool) -> None:
         m = exp.train(every)
         ev = exp.evaluate()
         lam = sorted(exp.lambda_hat().tolist())
-        rows.append({"seed": seed, "precision": "tf32" if tf32 else "fp32", "step": exp.step, "seconds": round(
-            time.perf_counter() - t0, 1), "loss": m["loss"], "r2": ev["r2"], "lambda_hat_low": sum(lam[:5]) / 5,
-                     "lambda_hat_high": sum(lam[5:]) / 5, "g_linear_r2": ev["g_linear_r2"]})
+        rows.append(
+            {
+                "seed": seed,
+                "precision": "tf32" if tf32 else "fp32",
+                "step": exp.step,
+                "seconds": round(time.perf_counter() - t0, 1),
+                "loss": m["loss"],
+                "r2": ev["r2"],
+                "lambda_hat_low": sum(lam[:5]) / 5,
+                "lambda_hat_high": sum(lam[5:]) / 5,
+                "g_linear_r2": ev["g_linear_r2"],
+            }
+        )
     print(json.dumps(rows), flush=True)
 
 
@@ -264,17 +295,28 @@ def reference_curves(seeds: list[int], steps: int, every: int, tf32_seed: int | 
     seed in parallel (R² per step does not depend on timing); a new g per seed, as the reference code draws."""
     root = Path(__file__).resolve().parents[1]
     jobs = [(s, False) for s in seeds] + ([(tf32_seed, True)] if tf32_seed is not None else [])
-    procs = [subprocess.Popen([sys.executable, "-c", f"from benchmarks.gpu_check import _curve_child; "
-                               f"_curve_child({s}, {steps}, {every}, {tf32})"], cwd=root, stdout=subprocess.PIPE,
-                              text=True) for s, tf32 in jobs]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                f"from benchmarks.gpu_check import _curve_child; _curve_child({s}, {steps}, {every}, {tf32})",
+            ],
+            cwd=root,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for s, tf32 in jobs
+    ]
     rows = []
     for p in procs:
         rows += json.loads(p.communicate()[0].strip().splitlines()[-1])
     return rows
 
 
-def time_to_r2(settings: dict, seed: int, budget_s: float, targets=(0.9, 0.95, 0.99), every: int = 250,
-               max_steps: int = 100_000) -> dict:
+def time_to_r2(
+    settings: dict, seed: int, budget_s: float, targets=(0.9, 0.95, 0.99), every: int = 250, max_steps: int = 100_000
+) -> dict:
     """Train until every target R² is reached or ``budget_s`` passes; seconds and steps to each target."""
     exp = _experiment({**settings, "generator_seed": 0, "max_steps": max_steps}, seed)
     reached: dict[float, tuple[float, int]] = {}
@@ -294,8 +336,16 @@ def time_to_r2(settings: dict, seed: int, budget_s: float, targets=(0.9, 0.95, 0
 
 
 #: Zimmermann et al. 2021 Table 1 row 1 as ablate's zimmermann_sphere grid runs it (matched vMF κ = 1).
-CLAIM9 = {"latent_dim": 10, "loss": "infonce", "tau": 1.0, "infonce_layout": "reference", "conditional": "vmf",
-          "kappa": 1.0, "concentration": 400, "batch_size": 6144}
+CLAIM9 = {
+    "latent_dim": 10,
+    "loss": "infonce",
+    "tau": 1.0,
+    "infonce_layout": "reference",
+    "conditional": "vmf",
+    "kappa": 1.0,
+    "concentration": 400,
+    "batch_size": 6144,
+}
 #: The two optimisers tried: the reference code's (RunConfig defaults) and the laptop probe's best
 #: (docs/probes/claim9_probe.yaml: slim encoder, constant lr 1.3e-3 after 250 warm-up steps).
 CLAIM9_OPTIMISERS = {
@@ -318,8 +368,9 @@ def part_claim9(budget_s: float, every: int) -> list[dict]:
 def part_science(quick: bool, settings: dict) -> tuple[list[dict], list[dict]]:
     if not _cuda():
         return _skip("the science at GPU speed"), []
-    curves = reference_curves([0] if quick else [0, 1, 2], 500 if quick else 10_000, 250 if quick else 1000,
-                              None if quick else 0)
+    curves = reference_curves(
+        [0] if quick else [0, 1, 2], 500 if quick else 10_000, 250 if quick else 1000, None if quick else 0
+    )
     timed = [time_to_r2(settings, seed, 20 if quick else 45) for seed in ((0,) if quick else (0, 1, 2))]
     return curves, timed
 
@@ -337,16 +388,21 @@ def main(argv: list[str] | None = None) -> int:
     parts = set(args.only.split(","))
     started = time.time()
     device = torch.cuda.get_device_name(0) if _cuda() else "no CUDA device"
-    header = (f"# ablate GPU check: {device}, torch {torch.__version__}, {os.cpu_count()} CPUs, "
-              f"{time.strftime('%Y-%m-%d %H:%M')}\n")
+    header = (
+        f"# ablate GPU check: {device}, torch {torch.__version__}, {os.cpu_count()} CPUs, "
+        f"{time.strftime('%Y-%m-%d %H:%M')}\n"
+    )
     print(header, flush=True)
     results: dict[str, list[dict]] = {}
-    titles = {"limit": "matmul limit (TFLOP/s)", "step": "training step (reference encoder, AnInfoNCE)",
-              "packing": "aggregate steps/s with k trials on one GPU",
-              "reference_curve": "reference curve (defaults, 10k steps; one process per seed)",
-              "time_to_r2": "seconds to R² on the bimodal setting (probe settings unless --set)",
-              "time_to_r2_settings": "settings of the time-to-R² runs",
-              "claim9": "claim 9 (Zimmermann Table 1 row 1) at batch 6144: steps and seconds to R²"}
+    titles = {
+        "limit": "matmul limit (TFLOP/s)",
+        "step": "training step (reference encoder, AnInfoNCE)",
+        "packing": "aggregate steps/s with k trials on one GPU",
+        "reference_curve": "reference curve (defaults, 10k steps; one process per seed)",
+        "time_to_r2": "seconds to R² on the bimodal setting (probe settings unless --set)",
+        "time_to_r2_settings": "settings of the time-to-R² runs",
+        "claim9": "claim 9 (Zimmermann Table 1 row 1) at batch 6144: steps and seconds to R²",
+    }
 
     def write() -> str:  # after every part, so a check cut short still returns what it measured
         text = header + "".join(_table(titles[k], v) for k, v in results.items())

@@ -22,8 +22,15 @@ SETTINGS = [
     ("batch_vs_dim, d=4, B=1024", {"latent_dim": 4, "concentration": "5/25", "batch_size": 1024}),
     (
         "zimmermann_sphere vMF, d=10, B=2048",
-        {"latent_dim": 10, "loss": "infonce", "conditional": "vmf", "kappa": 1.0, "batch_size": 2048,
-         "infonce_layout": "reference", "concentration": 400},
+        {
+            "latent_dim": 10,
+            "loss": "infonce",
+            "conditional": "vmf",
+            "kappa": 1.0,
+            "batch_size": 2048,
+            "infonce_layout": "reference",
+            "concentration": 400,
+        },
     ),
 ]
 

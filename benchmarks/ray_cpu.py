@@ -119,18 +119,46 @@ def _table(used: dict[str, float], wall: float, label: str) -> list[dict]:
     total = sum(used.values())
     rows = []
     for role, cpu in sorted(used.items(), key=lambda kv: -kv[1]):
-        rows.append({"run": label, "role": role, "cpu_s": cpu, "cores_busy": cpu / wall,
-                     "share_of_machine": cpu / (wall * cores), "share_of_used": cpu / total if total else 0.0})
-    rows.append({"run": label, "role": "all", "cpu_s": total, "cores_busy": total / wall,
-                 "share_of_machine": total / (wall * cores), "share_of_used": 1.0})
+        rows.append(
+            {
+                "run": label,
+                "role": role,
+                "cpu_s": cpu,
+                "cores_busy": cpu / wall,
+                "share_of_machine": cpu / (wall * cores),
+                "share_of_used": cpu / total if total else 0.0,
+            }
+        )
+    rows.append(
+        {
+            "run": label,
+            "role": "all",
+            "cpu_s": total,
+            "cores_busy": total / wall,
+            "share_of_machine": total / (wall * cores),
+            "share_of_used": 1.0,
+        }
+    )
     return rows
 
 
 def bench_ray_cpu(grid: str, scale: str, storage: str | None = None) -> list[dict]:
     """Run ``ablate run GRID --scale SCALE`` in a fresh subprocess and split its CPU seconds by role."""
     folder = storage or tempfile.mkdtemp(prefix="ablate-cpu-")
-    cmd = [sys.executable, "-m", "ablate.cli", "run", grid, "--scale", scale, "--storage", folder,
-           "--no-report", "--verbose", "0"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "ablate.cli",
+        "run",
+        grid,
+        "--scale",
+        scale,
+        "--storage",
+        folder,
+        "--no-report",
+        "--verbose",
+        "0",
+    ]
     with open(Path(folder) / "run.log", "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         used, wall = sample_tree(proc.pid, lambda: proc.poll() is not None)
