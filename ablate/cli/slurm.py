@@ -1,0 +1,60 @@
+"""`ablate slurm GRID …`: write (and with ``--submit``, submit) the SLURM batch script of :mod:`ablate.service.slurm`."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from ablate.service.specs import DEFAULT_SCALE, SCALES
+
+__all__ = ["add_slurm_parser", "cmd_slurm"]
+
+
+def cmd_slurm(args: argparse.Namespace) -> int:
+    """Check the job, write ``<storage>/<run name>.sbatch``, and print how to submit it (or submit it)."""
+    from ablate.service.slurm import job_output, slurm_job, submit, write_script
+
+    job = slurm_job(
+        args.grid, scale=args.scale, storage=args.storage, name=args.name, preset=args.preset,
+        variants=args.variants, settings=args.set or [], pack=args.pack, nodes=args.nodes,
+        gpus_per_node=args.gpus_per_node, cpus_per_node=args.cpus_per_node, cpus_per_trial=args.cpus_per_trial,
+        gpus_per_trial=args.gpus_per_trial, partition=args.partition, time=args.time, dashboard=args.dashboard,
+    )  # fmt: skip
+    path = write_script(job)
+    print(f"wrote {path}  (run directory: {job.run_dir})")
+    if not args.submit:
+        print(f"submit it with:\n  sbatch {path}")
+        return 0
+    job_id = submit(path)
+    print(f"submitted batch job {job_id}")
+    print(f"output: {job_output(job, job_id)}")
+    print(f"follow it: squeue -j {job_id}; ablate status {job.run_dir}")
+    return 0
+
+
+def add_slurm_parser(sub: Any) -> None:
+    """Add ``ablate slurm`` to the CLI's subparsers."""
+    s = sub.add_parser(
+        "slurm",
+        help="write a SLURM batch script that runs a grid on Ray across the job's nodes and resumes it after a requeue",
+    )
+    s.add_argument("grid", help="a grid name (see `ablate list`) or a path to a grid YAML file")
+    s.add_argument("--scale", default=DEFAULT_SCALE, choices=SCALES)
+    s.add_argument("--storage", default="runs", help="a folder every node reaches (shared file system); default ./runs")
+    s.add_argument("--name", help="run name (default: <grid>-<scale>, or <grid>-<scale>-<preset>)")
+    s.add_argument("--set", nargs="*", metavar="KEY=VALUE", help="override a setting for every trial")
+    s.add_argument("--variants", metavar="NAME[,NAME]", help="run only these of the grid's variants")
+    s.add_argument("--preset", help="train every trial with a named preset, e.g. fast")
+    s.add_argument("--pack", metavar="K|auto", help="grid points per batched trial (as `ablate run --pack`)")
+    s.add_argument("--nodes", type=int, default=1, help="nodes of the job (default 1): the Ray head and workers")
+    s.add_argument("--gpus-per-node", type=int, default=0, help="GPUs per node (default 0)")
+    s.add_argument("--cpus-per-node", type=int, help="CPUs per node (default: what the cluster gives a task)")
+    s.add_argument("--cpus-per-trial", type=float, default=1)
+    s.add_argument("--gpus-per-trial", type=float, help="default: 1 when the nodes have GPUs, else 0")
+    s.add_argument("--partition", help="the SLURM partition")
+    s.add_argument("--time", help="the job's time limit (SLURM's format, e.g. 2:00:00 or 1-0)")
+    s.add_argument(
+        "--no-dashboard", dest="dashboard", action="store_false", help="start the Ray head without its dashboard"
+    )
+    s.add_argument("--submit", action="store_true", help="submit the script with sbatch and print the job id")
+    s.set_defaults(func=cmd_slurm)

@@ -1,0 +1,391 @@
+"""`ablate slurm`: a grid as one SLURM batch job that starts Ray across its nodes and survives requeues.
+
+:func:`slurm_job` checks everything it can before anything is written (the grid with its preset, ``--set`` and
+``--variants``, the run name, the storage, the job's sizes), :func:`render_script` turns the resulting
+:class:`SlurmJob` into the batch script (pure: the same job gives the same text), :func:`write_script` puts it at
+``<storage>/<run name>.sbatch`` and :func:`submit` hands it to ``sbatch``.
+
+What the script does on each start of the job (the first, and every one after a requeue):
+
+- the Ray head on the job's first node (the batch script's node; on one node bound to 127.0.0.1), with Ray's
+  token authentication (``RAY_AUTH_MODE=token``, the token ``ray get-auth-token --generate`` keeps in
+  ``~/.ray/auth_token``), and with ``srun`` one worker node on each other node, after the head's token is copied
+  there (through ``srun``'s standard input, never the command line or the shared storage);
+- ``ablate run … --address <head>`` on the head, with ``--resume`` when the run directory already holds a run
+  (:func:`ablate.service.runner.has_run_state`); while an earlier driver still holds the run's lock (a requeued job
+  can start before the old one finished stopping) it waits and tries again;
+- SLURM's SIGTERM (a requeue, a preemption, ``scancel``) reaches every process of the job: the driver stops as on
+  Ctrl-C (exit 143, resumable) and the job starts again later with ``--resume``. Near the time limit
+  (``--signal=B:USR1@GRACE``) the script sends the driver SIGTERM itself, waits for it, and requeues the job.
+
+The storage must be a folder every node of the cluster reaches at the same path (a shared file system), and the
+Python environment must be the same path there too (a shared home or software folder): the script names both.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ablate.config import ConfigError
+from ablate.files import atomic_write
+from ablate.rundir import RunError, check_run_name, is_remote
+
+__all__ = [
+    "SlurmJob",
+    "job_output",
+    "render_script",
+    "script_path",
+    "slurm_job",
+    "submit",
+    "time_seconds",
+    "write_script",
+]
+
+#: Seconds before the time limit at which SLURM tells the script to stop the run and requeue the job.
+GRACE_S = 120
+#: How long a start of the job waits for an earlier driver to let go of the run directory.
+LOCK_WAIT_S = 600
+LOCK_MESSAGE = "is being written by ablate pid"  # ablate.service.driver_lock.busy_message
+_SAFE = re.compile(r"^[A-Za-z0-9._+@:/=,-]+$")  # what may stand unquoted on an #SBATCH line
+_TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
+
+
+@dataclass(frozen=True)
+class SlurmJob:
+    """Everything the batch script needs, checked (:func:`slurm_job` builds it)."""
+
+    grid: str  # a shipped grid's name, or the absolute path of a grid file
+    storage: str  # absolute folder on the shared file system
+    name: str  # the run's name: the run directory is storage/name
+    scale: str
+    preset: str | None = None
+    variants: str | None = None
+    settings: tuple[str, ...] = ()  # --set KEY=VALUE, as given
+    pack: str | None = None
+    nodes: int = 1
+    gpus_per_node: int = 0
+    cpus_per_node: int | None = None  # None: what SLURM gives the job (SLURM_CPUS_ON_NODE)
+    cpus_per_trial: float = 1
+    gpus_per_trial: float = 0
+    partition: str | None = None
+    time: str | None = None
+    dashboard: bool = True
+    python: str = field(default_factory=lambda: sys.executable)
+    ray: str = field(default_factory=lambda: _ray_executable(sys.executable))
+
+    @property
+    def run_dir(self) -> str:
+        return f"{self.storage}/{self.name}"
+
+
+def _ray_executable(python: str) -> str:
+    beside = Path(python).with_name("ray")
+    return str(beside) if beside.exists() else (shutil.which("ray") or "ray")
+
+
+def time_seconds(value: str) -> int | None:
+    """SLURM's ``--time`` in seconds (minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS); None: no limit."""
+    if value.upper() in ("UNLIMITED", "INFINITE"):
+        return None
+    m = _TIME.match(value)
+    if not m:
+        raise ConfigError(
+            f"--time {value!r}: expected minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS (SLURM's formats)"
+        )
+    days, a, b, c = (int(x) if x is not None else None for x in m.groups())
+    if days is None:
+        parts = [x for x in (a, b, c) if x is not None]
+        h, mi, s = [0] * (3 - len(parts)) + parts if len(parts) > 1 else (0, a, 0)
+        return h * 3600 + mi * 60 + s
+    return days * 86400 + a * 3600 + (b or 0) * 60 + (c or 0)
+
+
+def _check_word(value: str, flag: str) -> str:
+    if not _SAFE.match(value):
+        raise ConfigError(f"{flag} {value!r}: only letters, digits and ._+@:/=,- may appear in a SLURM job's option")
+    return value
+
+
+def slurm_job(
+    grid: str,
+    *,
+    scale: str,
+    storage: str = "runs",
+    name: str | None = None,
+    preset: str | None = None,
+    variants: str | None = None,
+    settings: list[str] | tuple[str, ...] = (),
+    pack: str | None = None,
+    nodes: int = 1,
+    gpus_per_node: int = 0,
+    cpus_per_node: int | None = None,
+    cpus_per_trial: float = 1,
+    gpus_per_trial: float | None = None,
+    partition: str | None = None,
+    time: str | None = None,
+    dashboard: bool = True,
+) -> SlurmJob:
+    """Check the job (the grid loads with its preset, settings and variants; sizes and names are valid) and
+    return it; the first problem is a one-line :class:`ConfigError` or :class:`RunError`. Nothing is written.
+
+    ``gpus_per_trial`` None: one GPU per trial when the nodes have GPUs, else none."""
+    from ablate.config import parse_assignments
+    from ablate.service.grids import load_grid, resolve_grid_path
+    from ablate.service.runner import default_run_name
+
+    loaded = load_grid(grid, scale)
+    if preset:
+        from ablate.service.presets import load_preset
+
+        loaded.apply_settings(load_preset(preset).settings, f"preset {preset}:", axes_win=True)
+        loaded.preset = preset
+    if settings:
+        loaded.apply_settings(parse_assignments(list(settings)), "--set", axes_win=False)
+    if variants:
+        loaded.select_variants(variants.split(","), "--variants")
+    if pack is not None and pack != "auto":
+        from ablate.service.packs import resolve_pack
+
+        resolve_pack(pack, loaded, 0)  # a bad --pack is refused here; auto is decided on the GPU node
+    given = Path(grid)  # a grid file is named by its absolute path: the job may start in another folder
+    grid_ref = str(resolve_grid_path(grid).resolve()) if given.suffix in (".yaml", ".yml") or given.exists() else grid
+    if is_remote(storage):
+        raise RunError(
+            f"--storage {storage}: ablate slurm needs a folder that every node reaches (a shared file system), "
+            "not an object store"
+        )
+    folder = str(Path(storage).expanduser().resolve())
+    _check_word(folder, "--storage")
+    run = check_run_name(name or default_run_name(loaded))
+    _check_word(run, "--name")
+    for flag, value, low in (("--nodes", nodes, 1), ("--gpus-per-node", gpus_per_node, 0)):
+        if value < low:
+            raise ConfigError(f"{flag} {value}: expected a whole number ≥ {low}")
+    if cpus_per_node is not None and cpus_per_node < 1:
+        raise ConfigError(f"--cpus-per-node {cpus_per_node}: expected a whole number ≥ 1")
+    gpus = (1.0 if gpus_per_node else 0.0) if gpus_per_trial is None else float(gpus_per_trial)
+    if gpus < 0 or cpus_per_trial <= 0:
+        raise ConfigError("--cpus-per-trial must be > 0 and --gpus-per-trial ≥ 0")
+    if gpus > gpus_per_node:
+        raise ConfigError(f"--gpus-per-trial {gpus:g}: more than the {gpus_per_node} GPU(s) per node (--gpus-per-node)")
+    if cpus_per_node is not None and cpus_per_trial > cpus_per_node:
+        raise ConfigError(f"--cpus-per-trial {cpus_per_trial:g}: more than --cpus-per-node {cpus_per_node}")
+    if partition is not None:
+        _check_word(partition, "--partition")
+    if time is not None:
+        seconds = time_seconds(_check_word(time, "--time"))
+        if seconds is not None and seconds <= 2 * GRACE_S:
+            raise ConfigError(
+                f"--time {time}: too short; the job stops the run {GRACE_S} s before its limit to requeue itself, "
+                f"so ask for more than {2 * GRACE_S // 60} minutes"
+            )
+    return SlurmJob(
+        grid=grid_ref, storage=folder, name=run, scale=scale, preset=preset, variants=variants,
+        settings=tuple(settings), pack=None if pack is None else str(pack), nodes=nodes, gpus_per_node=gpus_per_node,
+        cpus_per_node=cpus_per_node, cpus_per_trial=cpus_per_trial, gpus_per_trial=gpus, partition=partition,
+        time=time, dashboard=dashboard,
+    )  # fmt: skip
+
+
+def script_path(job: SlurmJob) -> Path:
+    """Where :func:`write_script` puts the job's script: ``<storage>/<run name>.sbatch``."""
+    return Path(job.storage) / f"{job.name}.sbatch"
+
+
+def job_output(job: SlurmJob, job_id: str = "%j") -> str:
+    """The job's output file (every start of the job appends to it): ``<storage>/<run name>.slurm-<job id>.out``."""
+    return f"{job.storage}/{job.name}.slurm-{job_id}.out"
+
+
+def _run_words(job: SlurmJob) -> list[str]:
+    words = [job.python, "-m", "ablate.cli", "run", job.grid, "--scale", job.scale]
+    if job.preset:
+        words += ["--preset", job.preset]
+    if job.variants:
+        words += ["--variants", job.variants]
+    if job.settings:
+        words += ["--set", *job.settings]
+    words += ["--storage", job.storage, "--name", job.name]
+    words += ["--cpus-per-trial", f"{job.cpus_per_trial:g}", "--gpus-per-trial", f"{job.gpus_per_trial:g}"]
+    if job.pack is not None:
+        words += ["--pack", job.pack]
+    return words
+
+
+def render_script(job: SlurmJob) -> str:
+    """The batch script of ``job`` (pure: no file, no process, no clock)."""
+    from ablate import __version__
+
+    q = shlex.quote
+    head = [
+        "#!/bin/bash",
+        f"#SBATCH --job-name=ablate-{job.name}",
+        f"#SBATCH --nodes={job.nodes}",
+        "#SBATCH --ntasks-per-node=1",
+    ]
+    head += [f"#SBATCH --cpus-per-task={job.cpus_per_node}"] if job.cpus_per_node else []
+    head += [f"#SBATCH --gpus-per-node={job.gpus_per_node}"] if job.gpus_per_node else []
+    head += [f"#SBATCH --partition={job.partition}"] if job.partition else []
+    head += [f"#SBATCH --time={job.time}"] if job.time else []
+    head += [
+        f"#SBATCH --output={job_output(job)}",
+        "#SBATCH --open-mode=append",
+        "#SBATCH --requeue",
+        f"#SBATCH --signal=B:USR1@{GRACE_S}",
+        f"# Written by `ablate slurm` (ablate {__version__}): runs grid {job.grid} ({job.scale}) as {job.run_dir}",
+        "# on a Ray cluster across this job's nodes; each start after a requeue (preemption, time limit) resumes it.",
+        "",
+        f"PYTHON={q(job.python)}",
+        f"RAY={q(job.ray)}",
+        f"STORAGE={q(job.storage)}",
+        f"RUN_NAME={q(job.name)}",
+        f"NODES={job.nodes}",
+        f"CPUS={job.cpus_per_node}" if job.cpus_per_node else "CPUS=${SLURM_CPUS_ON_NODE:-1}",
+        f"GPUS={job.gpus_per_node}",
+        f"DASHBOARD={'true' if job.dashboard else 'false'}",
+        f"LOCK_WAIT_S={LOCK_WAIT_S}",
+        f"LOCK_MESSAGE={q(LOCK_MESSAGE)}",
+        f"RUN=({' '.join(q(w) for w in _run_words(job))})",
+        f'export PATH={q(str(Path(job.python).parent))}:"$PATH"',
+    ]
+    return "\n".join(head) + "\n" + _BODY
+
+
+_BODY = r"""export RAY_AUTH_MODE=token PYTHONUNBUFFERED=1
+attempt=${SLURM_RESTART_COUNT:-0}
+rm -rf "/tmp/ablate-job$SLURM_JOB_ID-"*  # what an earlier start of this job, killed, left behind
+JOBTMP=/tmp/ablate-job$SLURM_JOB_ID-$attempt  # short: Ray's socket paths have a length limit
+mkdir -p "$JOBTMP"
+say() { echo "ablate slurm [$(date '+%F %T')] $*"; }
+say "job $SLURM_JOB_ID, start $((attempt + 1)), nodes $SLURM_JOB_NODELIST"
+
+stop='' requeue='' trapped='' driver=''
+on_term() { trapped=1; stop=TERM; say "SIGTERM (requeue, preemption or scancel): the run stops; the job's next start resumes it"; }
+on_usr1() {
+  trapped=1; stop=USR1; requeue=1
+  say "the time limit is near: stopping the run, then requeueing the job"
+  [ -n "$driver" ] && kill -TERM "$driver" 2>/dev/null
+}
+trap on_term TERM
+trap on_usr1 USR1
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null; done
+  for _ in $(seq 30); do
+    alive=''; for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
+    [ -z "$alive" ] && break; sleep 1
+  done
+  rm -rf "$JOBTMP"
+}
+trap cleanup EXIT
+finish() {  # exit with $1; after the time-limit warning, requeue the job first
+  if [ -n "$requeue" ]; then say "requeueing job $SLURM_JOB_ID"; scontrol requeue "$SLURM_JOB_ID"; fi
+  exit "$1"
+}
+pause() { sleep "$1" & wait $!; }  # a signal's trap runs at once
+
+# --- Ray: the head here (the job's first node), a worker node on every other node
+mapfile -t nodes < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
+port=$((20000 + SLURM_JOB_ID % 20000))
+head_ip=127.0.0.1
+if [ "$NODES" -gt 1 ]; then
+  head_ip=''
+  for ip in $(hostname --ip-address) $(hostname -I); do
+    case $ip in 127.*|::1) ;; *) head_ip=$ip; break ;; esac
+  done
+  [ -n "$head_ip" ] || { say "cannot find this node's IP address for the other nodes"; exit 1; }
+fi
+(umask 077; "$RAY" get-auth-token --generate >/dev/null) || { say "cannot make Ray's auth token"; exit 1; }
+token="${RAY_AUTH_TOKEN_PATH:-$HOME/.ray/auth_token}"
+: >"$JOBTMP/head.log"
+"$RAY" start --head --node-ip-address "$head_ip" --port "$port" --num-cpus "$CPUS" --num-gpus "$GPUS" \
+  --include-dashboard "$DASHBOARD" --dashboard-host 127.0.0.1 --dashboard-port $((port + 1)) \
+  --ray-client-server-port $((port + 2)) --temp-dir "$JOBTMP/ray" --disable-usage-stats --block \
+  >"$JOBTMP/head.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 300); do
+  grep -q "Ray runtime started" "$JOBTMP/head.log" && break
+  kill -0 "${pids[0]}" 2>/dev/null || break
+  [ -n "$stop" ] && finish 143
+  pause 1
+done
+cat "$JOBTMP/head.log"
+grep -q "Ray runtime started" "$JOBTMP/head.log" || { say "the Ray head did not start"; finish 1; }
+say "Ray head on ${nodes[0]} ($head_ip:$port), dashboard on its 127.0.0.1:$((port + 1))"
+for node in "${nodes[@]:1}"; do  # the head's token, through srun's standard input
+  srun --nodes=1 --ntasks=1 --overlap -w "$node" bash -c \
+    'rm -rf "/tmp/ablate-job$SLURM_JOB_ID-"*; umask 077; t="${RAY_AUTH_TOKEN_PATH:-$HOME/.ray/auth_token}"
+     mkdir -p "${t%/*}" && cat >"$t.$$" && mv -f "$t.$$" "$t"' \
+    <"$token" || say "could not copy Ray's auth token to $node"
+  srun --nodes=1 --ntasks=1 --overlap -w "$node" "$RAY" start --address "$head_ip:$port" --num-cpus "$CPUS" \
+    --num-gpus "$GPUS" --temp-dir "$JOBTMP/ray" --disable-usage-stats --block &
+  pids+=($!)
+  say "Ray worker node on $node"
+done
+
+# --- the run: a fresh one, or --resume when the run directory holds one; wait while an earlier driver writes it
+has_run() {
+  "$PYTHON" -c 'import sys; from ablate.service.runner import has_run_state; sys.exit(10 if has_run_state(*sys.argv[1:]) else 11)' \
+    "$STORAGE" "$RUN_NAME"
+}
+waited=0 code=1
+while [ -z "$stop" ]; do
+  has_run; known=$?
+  case $known in
+    10) resume=(--resume) ;;
+    11) resume=() ;;
+    *) say "cannot tell whether $STORAGE/$RUN_NAME holds a run (exit $known)"; finish 1 ;;
+  esac
+  say "${RUN[*]} --address $head_ip:$port ${resume[*]}"
+  "${RUN[@]}" --address "$head_ip:$port" "${resume[@]}" 2> >(trap '' TERM; exec tee "$JOBTMP/driver.err" >&2) &
+  driver=$!
+  code=''
+  while :; do  # until the driver ends (a trap interrupts wait)
+    trapped=''
+    wait "$driver" 2>/dev/null; rc=$?
+    [ "$rc" -eq 127 ] && [ -n "$code" ] && break
+    code=$rc
+    [ -n "$trapped" ] || break
+  done
+  driver=''
+  if [ "$code" -ne 0 ] && grep -q "$LOCK_MESSAGE" "$JOBTMP/driver.err" && [ "$waited" -lt "$LOCK_WAIT_S" ]; then
+    say "an earlier driver still writes the run directory; trying again in 10 s"
+    pause 10; waited=$((waited + 10))
+    continue
+  fi
+  break
+done
+say "ablate run ended with exit code $code; status: $PYTHON -m ablate.cli status $STORAGE/$RUN_NAME"
+finish "$code"
+"""
+
+
+def write_script(job: SlurmJob) -> Path:
+    """Write the job's batch script to :func:`script_path` (creating the storage folder) and return its path."""
+    path = script_path(job)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = render_script(job)
+    atomic_write(path, lambda tmp: tmp.write_text(text))
+    path.chmod(0o755)
+    return path
+
+
+def submit(path: str | Path, sbatch: str = "sbatch") -> str:
+    """``sbatch`` the script at ``path``; returns the job id. :class:`RunError` (one line) when ``sbatch`` is
+    missing or refuses the job."""
+    exe = shutil.which(sbatch)
+    if exe is None:
+        raise RunError(
+            f"{sbatch}: not found; run this on a SLURM login node, or copy {path} there and run `sbatch {path}`"
+        )
+    done = subprocess.run([exe, "--parsable", str(path)], capture_output=True, text=True)
+    if done.returncode != 0:
+        why = (done.stderr or done.stdout).strip().splitlines()
+        raise RunError(f"sbatch {path}: {why[-1] if why else f'exit {done.returncode}'}")
+    return done.stdout.strip().split(";")[0]

@@ -1,0 +1,106 @@
+"""`ablate slurm` without a cluster: the job's checks, the rendered batch script, and the CLI's output.
+
+The script's behaviour on a real SLURM (start, requeue, resume) is tests/test_slurm.py.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from ablate import cli
+from ablate.config import ConfigError
+from ablate.rundir import RunError
+from ablate.service.grids import GridError
+from ablate.service.slurm import render_script, script_path, slurm_job, submit, time_seconds, write_script
+
+
+def _job(tmp_path, **kwargs):
+    return slurm_job("batch_vs_dim", scale="smoke", storage=str(tmp_path), **kwargs)
+
+
+def test_the_script_asks_slurm_for_the_job_and_runs_the_grid(tmp_path):
+    job = _job(tmp_path, nodes=3, gpus_per_node=4, cpus_per_node=16, partition="gpu", time="1-12:00:00",
+               settings=["max_steps=3000", "lr=0.001"], pack="auto", name="big")  # fmt: skip
+    text = render_script(job)
+    assert render_script(job) == text  # pure
+    for line in ("#SBATCH --nodes=3", "#SBATCH --ntasks-per-node=1", "#SBATCH --cpus-per-task=16",
+                 "#SBATCH --gpus-per-node=4", "#SBATCH --partition=gpu", "#SBATCH --time=1-12:00:00",
+                 "#SBATCH --requeue", "#SBATCH --open-mode=append", "#SBATCH --signal=B:USR1@",
+                 f"#SBATCH --output={tmp_path.resolve()}/big.slurm-%j.out", "export RAY_AUTH_MODE=token"):  # fmt: skip
+        assert line in text, line
+    run = next(line for line in text.splitlines() if line.startswith("RUN=("))
+    for words in ("ablate.cli run batch_vs_dim --scale smoke", "--set max_steps=3000 lr=0.001", "--name big",
+                  "--gpus-per-trial 1", "--pack auto", f"--storage {tmp_path.resolve()}"):  # fmt: skip
+        assert words in run, words
+    if shutil.which("bash"):
+        done = subprocess.run(["bash", "-n"], input=text, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+
+
+def test_one_node_binds_the_head_to_loopback_and_a_grid_file_is_named_absolutely(tmp_path, monkeypatch):
+    grid_file = Path(__file__).parents[1] / "ablate" / "search_spaces" / "batch_vs_dim.yaml"
+    monkeypatch.chdir(grid_file.parent)
+    job = slurm_job("batch_vs_dim.yaml", scale="smoke", storage=str(tmp_path), dashboard=False)
+    text = render_script(job)
+    assert job.grid == str(grid_file.resolve()) and f"run {grid_file.resolve()} --scale smoke" in text
+    assert "#SBATCH --gpus-per-node" not in text and "--gpus-per-trial 0" in text and "DASHBOARD=false" in text
+    assert job.name == "batch_vs_dim-smoke"
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"nodes": 0}, "--nodes 0"),
+        ({"gpus_per_node": 1, "gpus_per_trial": 2}, "--gpus-per-trial 2"),
+        ({"cpus_per_node": 2, "cpus_per_trial": 4}, "--cpus-per-trial 4"),
+        ({"time": "3"}, "--time 3: too short"),
+        ({"time": "two hours"}, "--time 'two hours'"),
+        ({"time": "1:2:3:4"}, "--time '1:2:3:4'"),
+        ({"partition": "gpu;rm"}, "--partition 'gpu;rm'"),
+        ({"name": "../x"}, "run name '../x'"),
+        ({"pack": "many"}, "--pack 'many'"),
+        ({"settings": ["no_such_key=1"]}, "no_such_key"),
+    ],
+)
+def test_bad_input_is_one_clear_line_and_writes_nothing(tmp_path, kwargs, message):
+    with pytest.raises((ConfigError, RunError, GridError)) as info:
+        _job(tmp_path / "s", **kwargs)
+    assert message in str(info.value) and "\n" not in str(info.value)
+    assert not (tmp_path / "s").exists()
+
+
+def test_storage_must_be_a_shared_folder_not_a_bucket():
+    with pytest.raises(RunError, match="shared file system"):
+        slurm_job("batch_vs_dim", scale="smoke", storage="s3://bucket/runs")
+
+
+@pytest.mark.parametrize(
+    "value, seconds",
+    [("30", 1800), ("5:30", 330), ("2:00:00", 7200), ("1-0", 86400), ("1-2:30", 95400), ("0-0:0:5", 5),
+     ("UNLIMITED", None)],
+)  # fmt: skip
+def test_slurm_time_formats(value, seconds):
+    assert time_seconds(value) == seconds
+
+
+def test_write_script_and_a_missing_sbatch(tmp_path):
+    job = _job(tmp_path / "runs")
+    path = write_script(job)
+    assert path == script_path(job) == (tmp_path / "runs" / "batch_vs_dim-smoke.sbatch").resolve()
+    assert path.read_text() == render_script(job) and path.stat().st_mode & 0o100
+    with pytest.raises(RunError, match="no-such-sbatch: not found; run this on a SLURM login node"):
+        submit(path, sbatch="no-such-sbatch")
+
+
+def test_cli_writes_the_script_and_prints_how_to_submit_it(tmp_path, capsys):
+    assert cli.main(["slurm", "batch_vs_dim", "--scale", "smoke", "--storage", str(tmp_path), "--nodes", "2"]) == 0
+    out = capsys.readouterr().out
+    path = tmp_path.resolve() / "batch_vs_dim-smoke.sbatch"
+    assert f"wrote {path}" in out and f"sbatch {path}" in out
+    assert "#SBATCH --nodes=2" in path.read_text()
+    assert cli.main(["slurm", "batch_vs_dim", "--storage", str(tmp_path / "x"), "--time", "1"]) == 2
+    assert "--time 1: too short" in capsys.readouterr().err
