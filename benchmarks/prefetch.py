@@ -4,7 +4,7 @@ For the laptop grids' settings, on one torch thread (a trial's share of a 2-slot
 - the share of a step spent drawing its batch (latents, positives; the rejection sampler at d = 16 is the cost);
 - ms per step with ``prefetch`` off and on, with the other core idle ("alone": the last trial of a grid) and with
   the other core busy training another trial ("packed").
-The numbers of a run are identical either way (tests/test_prefetch.py); only the time differs.
+The numbers of a run are identical either way (tests/core/test_prefetch.py); only the time differs.
 """
 
 from __future__ import annotations

@@ -159,7 +159,7 @@ def wait_for_port(port: int, timeout: float = 90, host: str = "127.0.0.1") -> No
             time.sleep(0.2)
 
 
-#: grid name → run directory, shared by tests/test_report.py and tests/test_browser.py within one pytest process.
+#: grid name → run directory, shared by tests/reports/test_report.py and tests/reports/test_browser.py within one pytest process.
 _RUNS: dict[str, Path] = {}
 
 

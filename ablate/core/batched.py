@@ -3,7 +3,7 @@
 Every function takes tensors with a leading member dimension ``k`` and computes, for each member, the same
 operations the solo code (:mod:`ablate.core.encoder`, :mod:`ablate.core.losses`) does, in the same order, so
 that a member's numbers do not depend on the rest of its pack. Two details make that hold to the last bit on
-the CPU (tests/test_pack.py checks it end to end):
+the CPU (tests/core/test_pack.py checks it end to end):
 
 - autograd's ``bmm`` backward computes the gradient of a transposed right operand ``bᵀ`` as ``aᵀ @ g``, while
   ``mm``/``linear`` compute ``gᵀ @ a`` in the operand's own layout (torch's ``mm_mat2_backward``): another

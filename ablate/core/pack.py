@@ -4,7 +4,7 @@ batched model. Pure torch: no Ray, no files.
 Member i of any pack computes what ``Experiment(configs[i])`` computes alone: its own g, its own initialisation
 and its own data stream (each member draws its batches from its own generator, so its numbers do not depend on
 what else is in the pack), the same loss and the same Adam update with its own learning rates. On this CPU that
-holds to the last bit (tests/test_pack.py; the batched layers are written to make it so, :mod:`.batched`); on
+holds to the last bit (tests/core/test_pack.py; the batched layers are written to make it so, :mod:`.batched`); on
 other BLAS builds or a GPU only up to float reassociation.
 
 How the k models are batched: stacked weights ``(k, out, in)`` and one ``baddbmm`` per layer with a backward that

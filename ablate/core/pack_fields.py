@@ -2,7 +2,7 @@
 
 Every :class:`~ablate.config.RunConfig` field is classified once, here: a *shape/path* field must be equal across
 a pack's members (it sets a tensor's shape, a code path or the step/report schedule the members share), a
-*member* field may differ (each member holds its own value: seeds, Λ, learning rates…). tests/test_pack.py
+*member* field may differ (each member holds its own value: seeds, Λ, learning rates…). tests/core/test_pack.py
 fails when a RunConfig field is in neither set, so a new field has to be classified before packs can use it.
 """
 

@@ -1,7 +1,7 @@
 """The report page: one self-contained HTML file (plotly.js inline, no CDN) of a run's settings, trials and panels.
 
 It writes ``<div id="ablate-render-status" data-plots data-rendered data-errors>`` once its plots drew, so a
-headless browser (tests/test_browser.py) can check that every figure rendered without a JavaScript error.
+headless browser (tests/reports/test_browser.py) can check that every figure rendered without a JavaScript error.
 """
 
 from __future__ import annotations

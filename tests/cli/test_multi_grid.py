@@ -10,7 +10,7 @@ import sys
 
 from ablate.analysis.results import load_results
 from ablate.rundir import RunReader
-from tests.conftest import run_logged, smoke_cmd
+from conftest import run_logged, smoke_cmd
 
 
 def _cli(*args: str) -> list[str]:

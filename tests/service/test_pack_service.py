@@ -1,7 +1,7 @@
 """Packs in the service (`ablate run --pack K`): one Ray trial trains several grid points as one batched model, and
 everything downstream (trial folders, status, export, report, claims, resume) sees ordinary trials.
 
-On this CPU a member of a pack computes exactly what its solo trial computes (tests/test_pack.py shows it for the
+On this CPU a member of a pack computes exactly what its solo trial computes (tests/core/test_pack.py shows it for the
 maths), so the packed and unpacked runs are compared for equality, not within a tolerance.
 """
 

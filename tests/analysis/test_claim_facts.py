@@ -3,7 +3,7 @@ numbers a claim quotes come from its grid's ``paper_values``."""
 
 from __future__ import annotations
 
-from test_claims import _bimodal, _hard_negatives, ctx_for  # the hand-built tables of tests/test_claims.py
+from test_claims import _bimodal, _hard_negatives, ctx_for  # the hand-built tables of tests/analysis/test_claims.py
 
 from ablate.analysis import claims
 from ablate.analysis.claims import appendix, main_text
