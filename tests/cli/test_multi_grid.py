@@ -8,9 +8,10 @@ from __future__ import annotations
 import re
 import sys
 
+from conftest import run_logged, smoke_cmd
+
 from ablate.analysis.results import load_results
 from ablate.rundir import RunReader
-from conftest import run_logged, smoke_cmd
 
 
 def _cli(*args: str) -> list[str]:

@@ -1,11 +1,14 @@
-"""`ablate run --address`: join an existing Ray cluster (a real head started with `ray start`)."""
+"""The Ray cluster (``ablate.service.cluster``): `ablate run --address` joins an existing cluster (a real head
+started with `ray start`); `ablate dashboard`'s host and authentication rules (without starting Ray)."""
 
 from __future__ import annotations
 
 import pytest
 from conftest import free_port, run_logged, smoke_cmd, start_ray_node
 
-pytestmark = pytest.mark.slow
+from ablate import cli
+from ablate.rundir import RunError
+from ablate.service.cluster import DashboardHandle, auth_lines, check_host, is_loopback
 
 
 @pytest.fixture()
@@ -29,6 +32,7 @@ def ray_head():
         head.kill()
 
 
+@pytest.mark.slow
 def test_run_joins_an_existing_cluster(ray_head, tmp_path):
     cmd = smoke_cmd(tmp_path, "--address", ray_head)
     code, out = run_logged(cmd, tmp_path / "run.log")
@@ -36,3 +40,38 @@ def test_run_joins_an_existing_cluster(ray_head, tmp_path):
     assert "summary (4 trials" in out
     trials = list((tmp_path / "batch_vs_dim-smoke").glob("trial_*/result.json"))
     assert len(trials) == 4
+
+
+def test_dashboard_host_defaults_to_loopback_without_warning():
+    assert check_host(None, {}) == ("127.0.0.1", [])
+    for host in ("127.0.0.1", "localhost", "::1", "127.0.1.1"):
+        assert is_loopback(host) and check_host(host, {})[1] == []
+
+
+def test_dashboard_warns_for_another_host_and_refuses_it_without_auth():
+    host, warnings = check_host("0.0.0.0", {})
+    assert host == "0.0.0.0" and len(warnings) == 1 and "ssh -L 8265:127.0.0.1:8265" in warnings[0]
+    with pytest.raises(RunError, match="refusing to expose"):
+        check_host("10.1.2.3", {"RAY_AUTH_MODE": "disabled"})
+    host, warnings = check_host("127.0.0.1", {"RAY_AUTH_MODE": "disabled"})
+    assert host == "127.0.0.1" and any("token authentication is off" in w for w in warnings)
+    with pytest.raises(RunError, match="empty host"):
+        check_host(" ", {})
+
+
+def test_dashboard_prints_url_and_how_to_authenticate(monkeypatch, capsys, tmp_path):
+    import ablate.service.cluster as dashboard
+
+    closed = []
+    handle = DashboardHandle(url="http://127.0.0.1:8265", started=True, shutdown=lambda: closed.append(True))
+    monkeypatch.setattr(dashboard, "start_or_find", lambda host, port: handle)
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    lines: list[str] = []
+    assert dashboard.serve(None, 8265, out=lines.append, wait=lambda: None) == 0
+    text = "\n".join(lines)
+    assert "Ray dashboard: http://127.0.0.1:8265" in text
+    assert "auth_token" in text and "ray get-auth-token" in text and "Ablate[" in text
+    assert closed == [True]
+    assert any("auth_token" in line for line in auth_lines({}, tmp_path / "auth_token"))
+    assert cli.main(["dashboard", "--port", "70000"]) == 2
+    assert "not a TCP port" in capsys.readouterr().err
