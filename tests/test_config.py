@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from ablate.config import ConfigError, RunConfig, parse_assignments, resolve_concentration
@@ -122,8 +124,25 @@ def test_unknown_key_lists_allowed_keys():
         assert key in msg.split("allowed keys:")[1]
 
 
-def test_config_error_is_a_value_error():
-    assert issubclass(ConfigError, ValueError)
+def test_every_config_error_reaches_python_callers_as_a_value_error_naming_the_field():
+    """Callers of the Python API catch ValueError whichever rule fails: a field's own (pydantic), a Λ spec
+    (ConfigError raised inside the model's validator) or one across fields, at construction or on assignment;
+    RunConfig.build re-raises each as a ConfigError naming its source."""
+    cases = [
+        ({"latent_dim": 1}, "latent_dim"),
+        ({"latent_dim": 4, "concentration": "5/x"}, "concentration: pattern '5/x' is not of the form"),
+        ({"n_hard_negatives": 2}, "negative_concentration: required when n_hard_negatives > 0"),
+    ]
+    for values, named in cases:
+        with pytest.raises(ValueError, match=re.escape(named)):
+            RunConfig(**values)
+        with pytest.raises(ConfigError, match=f"^test: .*{re.escape(named)}"):
+            RunConfig.build(values, "test")
+    cfg = RunConfig(latent_dim=4)
+    with pytest.raises(ValueError, match="concentration: pattern '5/x'"):
+        cfg.concentration = "5/x"
+    with pytest.raises(ValueError, match="concentration: pattern '5/x'"):
+        resolve_concentration("5/x", 4)
 
 
 def test_assignment_is_validated():

@@ -29,7 +29,8 @@ def test_bad_input_in_any_grid_stops_before_the_first_grid_runs(tmp_path):
         tmp_path / "bad.log",
     )
     assert code == 2, out
-    assert "did you mean 'batch_vs_dim'" in out or "batch_vs_dim" in out
+    (line,) = [x for x in out.splitlines() if x.startswith("ablate: error:")]
+    assert line.startswith("ablate: error: unknown grid 'batch_vs_dimm' (did you mean 'batch_vs_dim'?)"), line
     assert not (tmp_path / "runs").exists(), "the first grid started although the second was invalid"
     code, out = run_logged(
         _cli("run", "tricl", "batch_vs_dim", "--scale", "smoke", "--name", "x", "--storage", str(tmp_path / "runs")),

@@ -35,7 +35,7 @@ def test_natural_order_of_axis_values():
 
 
 def test_misspelt_names_suggest_the_closest_known_one(tmp_path):
-    from ablate.reports.spec import load_dashboard
+    from ablate.reports.spec import SpecError, load_dashboard
 
     with pytest.raises(GridError, match=r"did you mean 'batch_vs_dim'\?"):
         load_grid("batch_vs_dm", "smoke")
@@ -49,8 +49,11 @@ def test_misspelt_names_suggest_the_closest_known_one(tmp_path):
         load_grid(str(typo), "smoke")
     spec = tmp_path / "d.yaml"
     spec.write_text("grid: order_check\npanels:\n  - {kind: r2_curve, figure: none}\n")
-    with pytest.raises(Exception, match=r"did you mean 'r2_curves'\?"):
+    with pytest.raises(SpecError) as info:
         load_dashboard(spec)
+    assert str(info.value).startswith(
+        f"{spec}: panels[0].kind: unknown panel kind 'r2_curve' (did you mean 'r2_curves'?); allowed: r2_curves, "
+    ), str(info.value)
 
 
 @pytest.mark.slow

@@ -17,8 +17,10 @@ def test_the_shipped_fast_preset_is_valid_and_changes_only_how_trials_train():
     assert set(preset.settings) <= how, "a preset changes how a run trains, never what it studies"
     assert not how & {"latent_dim", "concentration", "loss", "tau", "seed", "generator_seed"}
     assert preset.measured.strip(), "the preset says what measurement backs it"
-    config = RunConfig.build(preset.settings)
-    assert config != RunConfig(), "the preset differs from the reference-faithful defaults"
+    config, defaults = RunConfig.build(preset.settings), RunConfig()
+    assert {k: getattr(config, k) for k in preset.settings} == preset.settings, "each setting lands as written"
+    changed = {k for k in RunConfig.model_fields if getattr(config, k) != getattr(defaults, k)}
+    assert changed and changed <= set(preset.settings), f"only what the preset names moves off the defaults: {changed}"
 
 
 @pytest.mark.parametrize(
