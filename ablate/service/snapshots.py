@@ -187,7 +187,9 @@ def choose_snapshot(run_dir: str | Path, trust: bool = False) -> SnapshotChoice:
     ``run_dir`` and every generation in ``.ablate_snapshot/``. Files of torn sessions at
     least as new as the pick are moved into ``.ablate_discarded/``; a picked backup is copied back into
     ``run_dir``. Raises :class:`SnapshotError` naming every problem when no candidate is complete.
-    A backup counts only when its signatures match (any backup when ``trust``); what is copied back is signed.
+    A session counts only when its signatures match (any when ``trust``): one in the run directory that ablate did
+    not sign (a kill while Ray copied a snapshot it had just written, or a file put there by someone else) is set
+    aside like a torn one, never unpickled; what is copied back is signed.
     """
     run_dir = Path(run_dir)
     candidates = [
@@ -202,8 +204,8 @@ def choose_snapshot(run_dir: str | Path, trust: bool = False) -> SnapshotChoice:
     key = None if trust else signing.load_key()
     for session, _, folder in sorted(candidates, key=lambda c: (c[0], c[1]), reverse=True):
         problems = _session_problems(folder, session)
-        if folder != run_dir and key is not None:
-            problems += _backup_signature_problems(folder, session, key)
+        if key is not None and not problems:  # an unsigned copy (a kill while Ray copied a snapshot it had not
+            problems += _signature_problems(folder, run_dir, session, key)  # yet let ablate sign) counts as torn
         if problems:
             if folder == run_dir:
                 torn[session] = problems
@@ -218,7 +220,9 @@ def choose_snapshot(run_dir: str | Path, trust: bool = False) -> SnapshotChoice:
             choice.discarded.update(_mend_tuner(run_dir, tuner_problem, key))
         return choice
     detail = "; ".join(p for problems in torn.values() for p in problems)
-    raise SnapshotError(f"{run_dir}: every experiment snapshot is damaged, so it cannot be resumed ({detail})")
+    unsigned = "signature" in detail or "unsigned" in detail
+    hint = "; for a run copied from elsewhere that you trust, add --trust-run-dir" if unsigned else ""
+    raise SnapshotError(f"{run_dir}: every experiment snapshot is damaged, so it cannot be resumed ({detail}){hint}")
 
 
 def _tuner_problem(run_dir: Path) -> str | None:
@@ -227,11 +231,12 @@ def _tuner_problem(run_dir: Path) -> str | None:
     return None if problem is None else f"{TUNER_FILE}: {problem}"
 
 
-def _backup_signature_problems(backup: Path, session: str, key: bytes) -> list[str]:
-    signatures = signing.read_signatures(backup / SIGNATURES_FILE)
-    paths = [backup / t.format(session) for t in SNAPSHOT_FILES]
+def _signature_problems(folder: Path, run_dir: Path, session: str, key: bytes) -> list[str]:
+    """The files of ``session`` in ``folder`` (the run directory or a backup) that ablate did not sign."""
+    signatures = signing.read_signatures(folder / SIGNATURES_FILE)
+    paths = [folder / t.format(session) for t in SNAPSHOT_FILES]
     found = ((p, signing.problem(signatures, p, key)) for p in paths if p.exists())
-    return [f"{BACKUP_DIR}/{backup.name}/{p.name}: {why}" for p, why in found if why]
+    return [f"{p.relative_to(run_dir)}: {why}" for p, why in found if why]
 
 
 def _mend_tuner(run_dir: Path, problem: str, key: bytes | None) -> dict[str, str]:

@@ -88,7 +88,10 @@ def test_the_report_of_a_smoke_optuna_search_holds_optunas_views(ray_session, tm
     # parallel coordinates: every finished trial with every searched setting (list-valued choices as text)
     parallel = views["parallel_coordinate"].data
     assert len(parallel) == len(finished) and set(grid.optuna.space) <= set(parallel.columns)
-    assert set(parallel["encoder_widths"]) <= {"[2, 2]", "[2, 4, 2]"}
+    assert set(parallel["encoder_widths"]) <= {
+        "[2,2]",
+        "[2,4,2]",
+    }  # list choices travel as compact JSON text (ablate.service.params.JSON_CHOICES)
 
     # importances: computed for the searched settings (summing to 1), or skipped with a note, never a crash
     importances = views["param_importances"]
