@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 TORCH_SPEC  ?= torch==2.13.0
 TORCH_INDEX ?=
 
-.PHONY: setup run test lint clean
+.PHONY: setup run test test-fast lint clean
 
 $(BIN)/ablate: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,10 @@ run: setup
 
 test: setup
 	$(BIN)/python -m pytest -q --durations=25
+
+# the inner loop: every test that starts neither Ray nor a browser (a test that starts Ray unmarked fails here)
+test-fast: setup
+	$(BIN)/python -m pytest -q -m "not ray and not browser" --durations=10
 
 lint: setup
 	$(BIN)/ruff check ablate tests benchmarks

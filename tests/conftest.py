@@ -1,4 +1,12 @@
-"""Shared fixtures: one real local Ray session for the whole suite."""
+"""Shared fixtures: one real local Ray session for the whole suite, helpers that run `ablate` in subprocesses, and
+the ``ray`` marker's check.
+
+Markers (pyproject.toml): ``ray`` — the test starts Ray, in this process or in a subprocess (set here on every test
+that uses :func:`ray_session`, and by hand on tests whose subprocesses start it); ``browser`` — it opens a headless
+browser. ``make test-fast`` runs ``-m "not ray and not browser"``; in such a run :func:`pytest_configure` makes
+``ray.init`` raise and :func:`_no_ray_unless_marked` fails any test after which a Ray session exists, so a test that
+starts Ray without its marker fails loudly instead of slowing the fast run down.
+"""
 
 from __future__ import annotations
 
@@ -18,6 +26,66 @@ import pytest
 # ablate's signing key (ablate.signing): one per test session, never the user's ~/.config/ablate/signing.key;
 # subprocesses (the CLI, Ray's workers) inherit it. A test that needs its own key sets ABLATE_KEY_FILE itself.
 os.environ.setdefault("ABLATE_KEY_FILE", str(Path(tempfile.mkdtemp(prefix="ablate-key-")) / "signing.key"))
+
+
+#: Where Ray would put its sessions (``$RAY_TMPDIR/ray/session_*``) in a run that deselects ``ray`` tests; None otherwise.
+_NO_RAY_TMPDIR: Path | None = None
+
+
+def _ray_deselected(config) -> bool:
+    """Whether ``-m`` deselects a test marked only ``ray`` (e.g. ``-m "not ray and not browser"``)."""
+    expression = config.getoption("markexpr", "")
+    if not expression:
+        return False
+    try:
+        from _pytest.mark.expression import Expression
+    except ImportError:  # pytest moved its parser: the plain reading
+        return "not ray" in expression
+    return not Expression.compile(expression).evaluate(lambda name, **kwargs: name == "ray")
+
+
+def pytest_configure(config):
+    """In a run without ``ray`` tests: ``ray.init`` raises, and Ray (here or in a subprocess, which inherits
+    ``RAY_TMPDIR``) would put its session in a folder of this run, which :func:`_no_ray_unless_marked` watches."""
+    global _NO_RAY_TMPDIR
+    if not _ray_deselected(config):
+        return
+    _NO_RAY_TMPDIR = Path(tempfile.mkdtemp(prefix="ablate-no-ray-"))
+    os.environ["RAY_TMPDIR"] = str(_NO_RAY_TMPDIR)
+    import ray
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError(
+            "ray.init in a run that deselects `ray` tests: a test that starts Ray must use the ray_session fixture "
+            "or be marked @pytest.mark.ray"
+        )
+
+    ray.init = refuse
+
+
+def pytest_unconfigure(config):
+    if _NO_RAY_TMPDIR is not None:
+        shutil.rmtree(_NO_RAY_TMPDIR, ignore_errors=True)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Mark ``ray`` every test that uses :func:`ray_session` (directly or through another fixture) or is marked
+    ``slow`` (the marker's older name), before ``-m`` selects."""
+    for item in items:
+        if "ray_session" in getattr(item, "fixturenames", ()) or item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.ray)
+
+
+@pytest.fixture(autouse=True)
+def _no_ray_unless_marked():
+    """In a run without ``ray`` tests: fail the test after which Ray started a session (in a subprocess too)."""
+    yield
+    if _NO_RAY_TMPDIR is not None:
+        started = sorted(p.name for p in (_NO_RAY_TMPDIR / "ray").glob("session_*"))
+        if started:
+            shutil.rmtree(_NO_RAY_TMPDIR / "ray", ignore_errors=True)
+            pytest.fail(f"this test started Ray ({', '.join(started)}) but is not marked `ray`", pytrace=False)
 
 
 @pytest.fixture(scope="session")
@@ -134,6 +202,8 @@ def start_ray_node(*args: str, env: dict | None = None, timeout: float = 90, wai
     """``ray start ARGS --block`` with its own short temp dir (Ray's socket paths have a length limit), output in
     a file there; returns once the node says it started (``wait=False``: at once, then call
     :meth:`RayNode.wait_started`). Callers must :meth:`RayNode.kill` it."""
+    if _NO_RAY_TMPDIR is not None:  # its own --temp-dir: the session check would not see it
+        pytest.fail("start_ray_node in a run that deselects `ray` tests: mark the test `ray`", pytrace=False)
     ray_bin = Path(sys.executable).with_name("ray")
     temp_dir = tempfile.mkdtemp(prefix="rn", dir="/tmp")
     log = Path(temp_dir) / "ray_start.log"

@@ -77,7 +77,7 @@ def test_gpu_check_without_cuda_skips_every_part_and_needs_no_ray(tmp_path):
     assert json.loads((tmp_path / "gpu_check.json").read_text())["device"] == "no CUDA device"
 
 
-@pytest.mark.slow
+@pytest.mark.ray
 def test_gpu_service_runs_ray_smoke_for_real_and_says_what_it_skips_without_cuda(tmp_path):
     """The service parts of the GPU check: the Ray smoke run is a real `ablate run --no-dashboard` (also here);
     the GPU parts skip without CUDA and say so."""

@@ -18,8 +18,6 @@ from pathlib import Path
 import pytest
 from conftest import run_logged
 
-pytestmark = pytest.mark.slow
-
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -102,6 +100,7 @@ def test_installed_ablate_is_the_wheel_not_the_checkout(installed):
     assert Path(grids).is_relative_to(installed["site"]), out
 
 
+@pytest.mark.ray
 def test_list_run_and_report_from_an_empty_folder(installed):
     from ablate.service.grids import known_grids
 

@@ -315,7 +315,6 @@ def test_markdown_row_names_the_command():
 
 
 # --------------------------------------------------------------------------- a real run
-@pytest.mark.slow
 def test_evaluate_run_on_a_real_smoke_run(ray_session, tmp_path, capsys):
     from ablate.service.grids import load_grid
     from ablate.service.runner import run_grid

@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 import sys
 
+import pytest
 from conftest import run_logged, smoke_cmd
 
 from ablate.analysis.results import load_results
@@ -43,6 +44,7 @@ def test_bad_input_in_any_grid_stops_before_the_first_grid_runs(tmp_path):
     assert code == 2 and "named twice" in out, out
 
 
+@pytest.mark.ray
 def test_two_grids_share_one_ray_and_resume_continues_started_grids_and_starts_the_others(tmp_path):
     runs = tmp_path / "runs"
     code, out = run_logged(smoke_cmd(runs, "--no-report"), tmp_path / "first.log")

@@ -56,7 +56,7 @@ def test_misspelt_names_suggest_the_closest_known_one(tmp_path):
     ), str(info.value)
 
 
-@pytest.mark.slow
+@pytest.mark.ray
 def test_a_run_ends_with_a_report_the_claims_command_and_numeric_order(tmp_path):
     grid = tmp_path / "order_check.yaml"
     grid.write_text(GRID)

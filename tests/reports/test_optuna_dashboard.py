@@ -58,7 +58,6 @@ def _run_trials(run_dir: Path) -> dict[float, dict]:
     return out
 
 
-@pytest.mark.slow
 def test_optuna_dashboard_serves_the_search_of_a_smoke_run(ray_session, tmp_path_factory, tmp_path):
     exe = _dashboard_exe()
     if exe is None:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import math
 
-import pytest
-
 from ablate.rundir import OPTUNA_DB, optuna_storage_url
 
 VIEWS = ["optimization_history", "param_importances", "parallel_coordinate"]
@@ -60,7 +58,6 @@ def test_a_damaged_study_file_is_a_note_not_a_crash(tmp_path):
     assert view.figure is None and "could not be opened" in view.note
 
 
-@pytest.mark.slow
 def test_the_report_of_a_smoke_optuna_search_holds_optunas_views(ray_session, tmp_path):
     import optuna
 

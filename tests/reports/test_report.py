@@ -41,7 +41,6 @@ def test_run_with_report_flag_wrote_the_report(bvd):
 
 
 # ---------------------------------------------------------------------------------------- every grid
-@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(known_grids()))
 def test_report_renders(name, ray_session, tmp_path_factory, tmp_path):
     run_dir = smoke_run(name, runs_root(tmp_path_factory))

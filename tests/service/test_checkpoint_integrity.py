@@ -17,8 +17,6 @@ from ablate.service.grids import load_grid
 from ablate.service.integrity import CHECKPOINT_FILE, intact_rows, log_problem
 from ablate.service.runner import run_grid
 
-pytestmark = pytest.mark.slow
-
 REPORT_EVERY, MAX_STEPS = 5, 40  # 8 reports
 #: The faulty trial stops during report 6: checkpoints after reports 4 and 5 (steps 20, 25).
 _FAULT = {"at_step": 28, "times": 1}

@@ -32,7 +32,7 @@ def ray_head():
         head.kill()
 
 
-@pytest.mark.slow
+@pytest.mark.ray
 def test_run_joins_an_existing_cluster(ray_head, tmp_path):
     cmd = smoke_cmd(tmp_path, "--address", ray_head)
     code, out = run_logged(cmd, tmp_path / "run.log")

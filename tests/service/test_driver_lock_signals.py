@@ -20,8 +20,6 @@ from conftest import _session_pids, run_logged, smoke_cmd
 from ablate.pidlock import LockHeld, PidLock, lock_holder
 from ablate.rundir import DRIVER_LOCK
 
-pytestmark = pytest.mark.slow
-
 REPORTS = 8
 STEPS = 5 * REPORTS
 
@@ -107,6 +105,7 @@ def test_the_lock_names_its_holder_and_dies_with_it(tmp_path):
     assert lock_holder(path) is None
 
 
+@pytest.mark.ray
 def test_a_second_driver_and_a_resume_are_refused_while_the_first_runs(tmp_path):
     run_dir = tmp_path / "r"
     first = _start(_cmd(tmp_path), tmp_path / "first.log")
@@ -135,6 +134,7 @@ def test_a_second_driver_and_a_resume_are_refused_while_the_first_runs(tmp_path)
         assert trial["step"].tolist() == list(range(5, STEPS + 1, 5)), trial["step"].tolist()
 
 
+@pytest.mark.ray
 def test_sigterm_stops_like_ctrl_c_exit_143_and_resume_completes(tmp_path):
     """What a batch scheduler sends before preemption: a graceful stop, the counts and points of what it stopped,
     the resume command, no trial left "running" without a driver, and a resume that repeats nothing."""
@@ -164,6 +164,7 @@ def test_sigterm_stops_like_ctrl_c_exit_143_and_resume_completes(tmp_path):
     assert len(steps) == 4 and all(s == list(range(5, STEPS + 1, 5)) for s in steps.values()), steps
 
 
+@pytest.mark.ray
 def test_a_second_ctrl_c_still_ends_every_process_of_the_run(tmp_path):
     """Ctrl-C twice in a row at the terminal (SIGINT to the process group), then more while it shuts down:
     exit 130, no "Exception ignored" traceback, and no process of the run left (Ray's agents included)."""

@@ -4,13 +4,9 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from ablate.service.grids import load_grid
 from ablate.service.runner import run_grid
 from ablate.service.specs import VariantSpec
-
-pytestmark = pytest.mark.slow
 
 
 def _one_trial_grid(**base):

@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import pytest
-
 from ablate.analysis.results import load_results
 from ablate.service.grids import load_grid
 from ablate.service.runner import run_grid
-
-pytestmark = pytest.mark.slow
 
 #: Files a finished trial leaves in a local run directory: params.json, result.json (ablate's append-only
 #: result log) and the two kept checkpoints of state.pt + config.json (no TensorBoard files unless

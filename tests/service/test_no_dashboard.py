@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import _session_pids, smoke_cmd
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.ray  # `ablate run` in a subprocess
 
 
 def _cmdline(pid: int) -> str:

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from conftest import free_port, smoke_cmd, start_ray_node, wait_for_port
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.ray  # `ablate run` in a subprocess
 
 WORKER_IP = "127.0.0.2"
 REPORT_EVERY = 20

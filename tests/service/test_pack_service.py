@@ -46,7 +46,6 @@ def test_every_grid_that_can_pack_has_a_pack_at_smoke_scale():
     assert {"anisotropy", "batch_vs_lambda"} <= set(PACKABLE), PACKABLE
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("name", PACKABLE)
 def test_a_packed_run_equals_the_unpacked_run_row_for_row(name, ray_session, tmp_path, tmp_path_factory):
     solo = load_results(smoke_run(name, runs_root(tmp_path_factory)))
@@ -138,7 +137,7 @@ def test_pack_is_refused_for_a_search(tmp_path, capsys):
     assert "--pack 4: tune_aninfonce is an Optuna search" in capsys.readouterr().err
 
 
-@pytest.mark.slow
+@pytest.mark.ray
 def test_an_interrupted_packed_run_resumes_with_every_report_once(tmp_path):
     """Ctrl-C mid-run of a packed grid, then --resume: the export equals an uninterrupted unpacked run's."""
     extra = ("--set", "max_steps=400", "report_every=20", "--no-report")

@@ -82,7 +82,6 @@ def test_run_with_an_unknown_preset_fails_before_ray(capsys):
     assert "unknown preset 'nope'" in capsys.readouterr().err
 
 
-@pytest.mark.slow
 def test_run_with_a_preset_records_it_and_resume_must_name_it(ray_session, tmp_path, capsys):
     import json
 

@@ -57,7 +57,7 @@ def test_a_resume_on_another_torch_warns_naming_old_and_new(tmp_path, caplog):
     assert [r["event"] for r in RunReader(tmp_path).provenance()] == ["start", "resume"]
 
 
-@pytest.mark.slow
+@pytest.mark.ray
 def test_a_run_records_its_provenance_and_status_and_report_show_it(tmp_path):
     code, text = run_logged(smoke_cmd(tmp_path, "--name", "p"), tmp_path / "run.log")
     assert code == 0, text[-3000:]

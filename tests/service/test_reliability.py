@@ -14,8 +14,6 @@ from pathlib import Path
 import pytest
 from conftest import run_logged, smoke_cmd
 
-pytestmark = pytest.mark.slow
-
 REPORTS = 12
 STEPS = 5 * REPORTS
 
@@ -88,6 +86,7 @@ def _trainable_pids() -> list[int]:
     return [int(p) for p in out if int(p) != os.getpid()]
 
 
+@pytest.mark.ray
 def test_killed_worker_is_retried_from_its_checkpoint(tmp_path, uninterrupted):
     proc = _start(_cmd(tmp_path, "r"))
     run_dir = tmp_path / "r"
@@ -121,6 +120,7 @@ def _row_key(row: dict) -> tuple:
     return row["step"], row["time_total_s"]
 
 
+@pytest.mark.ray
 @pytest.mark.parametrize("seed", [7, 11])
 def test_repeated_driver_kills_never_lose_progress(tmp_path, uninterrupted, seed):
     """Ray's experiment-restore test as the model: kill -9 the driver's process group three times at random
@@ -170,6 +170,7 @@ def test_repeated_driver_kills_never_lose_progress(tmp_path, uninterrupted, seed
     assert code == 0 and "finished: 4  running: 0  interrupted: 0" in status, status
 
 
+@pytest.mark.ray
 def test_ctrl_c_leaves_an_honest_status_exit_130_and_ablate_s_resume_command(tmp_path, uninterrupted):
     """A real Ctrl-C (SIGINT to the driver's process group, as a terminal sends it) mid-grid, then the printed
     resume command: the stopped trials read INTERRUPTED everywhere, and the resume loses and repeats nothing."""
@@ -233,6 +234,7 @@ def small_disk(tmp_path):
     subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
+@pytest.mark.ray
 def test_full_disk_ends_with_one_line_and_resume_loses_nothing(tmp_path, small_disk, uninterrupted):
     """Storage with ~270 kB free fills mid-grid: one line says what could not be written and how to resume,
     no traceback, exit 1; once space is freed the printed command completes every trial, nothing lost."""

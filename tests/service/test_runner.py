@@ -17,8 +17,6 @@ from ablate.service.optuna_spec import Choice
 from ablate.service.runner import run_grid
 from ablate.service.trainable import CHECKPOINT_FILE
 
-pytestmark = pytest.mark.slow
-
 
 def _rows(trial_dir: Path) -> list[dict]:
     path = trial_dir / "result.json"

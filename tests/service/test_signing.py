@@ -102,7 +102,7 @@ def _refusal(tmp_path: Path, capsys, *extra: str, name: str = "r") -> tuple[int,
 
 
 # ------------------------------------------------------------------ the run resumes, signatures stay current
-@pytest.mark.slow
+@pytest.mark.ray
 def test_an_interrupted_run_resumes_normally(ray_session, interrupted, tmp_path):
     run_dir = _copy(interrupted[0], tmp_path, "normal")
     check_before_resume(str(run_dir))  # every file Ray will unpickle carries a valid signature
@@ -115,7 +115,7 @@ def test_an_interrupted_run_resumes_normally(ray_session, interrupted, tmp_path)
     check_before_resume(str(run_dir))  # and still after the resumed driver rewrote them
 
 
-@pytest.mark.slow
+@pytest.mark.ray
 def test_the_ray_auth_token_and_the_signing_key_are_private(interrupted):
     token = interrupted[1] / ".ray" / "auth_token"
     assert token.is_file() and _mode(token) == 0o600
@@ -124,7 +124,7 @@ def test_the_ray_auth_token_and_the_signing_key_are_private(interrupted):
 
 
 # ------------------------------------------------------------------ crafted run directories are refused
-@pytest.mark.slow
+@pytest.mark.ray
 def test_a_crafted_tuner_pkl_is_refused_before_it_is_unpickled(ray_session, interrupted, tmp_path, capsys):
     run_dir = _copy(interrupted[0], tmp_path, "crafted")
     created = tmp_path / "pwned"
@@ -171,7 +171,7 @@ def test_a_pickle_planted_in_a_checkpoint_is_refused(interrupted, tmp_path, caps
     assert code == 2 and "_dict_checkpoint.pkl (ablate never writes this file)" in err, err
 
 
-@pytest.mark.slow
+@pytest.mark.ray
 def test_a_tampered_backup_is_never_copied_back(interrupted, tmp_path):
     run_dir = _copy(interrupted[0], tmp_path)
     (session,) = sessions(run_dir)
@@ -191,7 +191,7 @@ def test_a_tampered_backup_is_never_copied_back(interrupted, tmp_path):
 
 
 # ------------------------------------------------------------------ --trust-run-dir
-@pytest.mark.slow
+@pytest.mark.ray
 def test_trust_run_dir_resumes_a_run_signed_with_another_key(ray_session, interrupted, tmp_path, capsys, monkeypatch):
     run_dir = _copy(interrupted[0], tmp_path, "trusted")
     monkeypatch.setenv(signing.KEY_ENV, str(tmp_path / "other-user" / "signing.key"))

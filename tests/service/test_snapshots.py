@@ -27,8 +27,6 @@ from ablate.service.snapshots import (
     sessions,
 )
 
-pytestmark = pytest.mark.slow
-
 
 def _grid():
     grid = load_grid("batch_vs_dim", "smoke")

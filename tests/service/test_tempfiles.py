@@ -21,7 +21,7 @@ CLI = [sys.executable, "-m", "ablate.cli"]
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory) -> Path:
+def run_dir(ray_session, tmp_path_factory) -> Path:
     """One real smoke run of batch_vs_dim (Ray), shared with tests/reports/test_report.py in the same session."""
     return smoke_run("batch_vs_dim", runs_root(tmp_path_factory))
 
