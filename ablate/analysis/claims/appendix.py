@@ -85,7 +85,7 @@ def _hard_negatives_paper(ctx: RunContext) -> str:
         return "see the grid's paper_values"
     return (
         f"loss optimum at Λ̂ = Λ⁺ − Λ⁻ = {lam_plus - lam_minus:g} (Λ⁺ = {lam_plus:g}, "
-        f"Λ⁻ = {lam_minus:g}); fine-tuning with {n} hard negatives beats continued regular training in R²"
+        f"Λ⁻ = {lam_minus:g}); fine-tuning with {n:g} hard negatives beats continued regular training in R²"
     )
 
 
