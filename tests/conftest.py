@@ -70,10 +70,10 @@ def pytest_unconfigure(config):
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """Mark ``ray`` every test that uses :func:`ray_session` (directly or through another fixture) or is marked
-    ``slow`` (the marker's older name), before ``-m`` selects."""
+    """Mark ``ray`` every test that uses :func:`ray_session` (directly or through another fixture), before ``-m``
+    selects."""
     for item in items:
-        if "ray_session" in getattr(item, "fixturenames", ()) or item.get_closest_marker("slow"):
+        if "ray_session" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.ray)
 
 

@@ -24,7 +24,7 @@ from slurm_local import INSTALL_HINT, local_slurm
 from ablate.pidlock import PidLock
 from ablate.rundir import DRIVER_LOCK, PROVENANCE_FILE
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.ray
 
 STEPS, EVERY = 2000, 20
 REPORTS = STEPS // EVERY
