@@ -10,6 +10,7 @@ from typing import Any
 
 from ablate.analysis.text import generator_line, lambda_hat_line
 from ablate.analysis.text import text_table as _table
+from ablate.cli.args import add_grid_selection
 from ablate.cli.compare import add_compare_parser
 from ablate.cli.run import cmd_run, resume_command
 from ablate.cli.slurm import add_slurm_parser
@@ -218,12 +219,8 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="+",
         help="grid names (see `ablate list`) or paths to grid YAML files; several run one after another on one Ray",
     )
-    r.add_argument("--scale", default=DEFAULT_SCALE, choices=SCALES)
+    add_grid_selection(r)
     r.add_argument("--storage", default="runs", help="folder or URI (s3://, gs://) holding runs (default: ./runs)")
-    r.add_argument("--name", help="run name (default: <grid>-<scale>, or <grid>-<scale>-<preset>)")
-    r.add_argument("--set", nargs="*", metavar="KEY=VALUE", help="override a setting for every trial")
-    r.add_argument("--variants", metavar="NAME[,NAME]", help="run only these of the grid's variants")
-    r.add_argument("--preset", help="train every trial with a named preset, e.g. fast; the grid's axes and --set win")
     r.add_argument("--address", help="join an existing Ray cluster: auto or ray://host:10001")
     r.add_argument("--cpus-per-trial", type=float, default=1)
     r.add_argument("--gpus-per-trial", type=float, default=0, help="fractions pack trials onto one GPU")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ablate.service.specs import DEFAULT_SCALE, SCALES
+from ablate.cli.args import add_grid_selection
 
 __all__ = ["add_slurm_parser", "cmd_slurm"]
 
@@ -39,12 +39,8 @@ def add_slurm_parser(sub: Any) -> None:
         help="write a SLURM batch script that runs a grid on Ray across the job's nodes and resumes it after a requeue",
     )
     s.add_argument("grid", help="a grid name (see `ablate list`) or a path to a grid YAML file")
-    s.add_argument("--scale", default=DEFAULT_SCALE, choices=SCALES)
+    add_grid_selection(s)
     s.add_argument("--storage", default="runs", help="a folder every node reaches (shared file system); default ./runs")
-    s.add_argument("--name", help="run name (default: <grid>-<scale>, or <grid>-<scale>-<preset>)")
-    s.add_argument("--set", nargs="*", metavar="KEY=VALUE", help="override a setting for every trial")
-    s.add_argument("--variants", metavar="NAME[,NAME]", help="run only these of the grid's variants")
-    s.add_argument("--preset", help="train every trial with a named preset, e.g. fast")
     s.add_argument("--pack", metavar="K|auto", help="grid points per batched trial (as `ablate run --pack`)")
     s.add_argument("--nodes", type=int, default=1, help="nodes of the job (default 1): the Ray head and workers")
     s.add_argument("--gpus-per-node", type=int, default=0, help="GPUs per node (default 0)")
