@@ -214,6 +214,13 @@ def choose_snapshot(run_dir: str | Path, trust: bool = False) -> SnapshotChoice:
         tuner_problem = _tuner_problem(run_dir)
         for newer, why in torn.items():
             choice.discarded.update(_set_aside(run_dir, newer, "; ".join(why)))
+        for older in sessions(run_dir):  # Ray copies old sessions back at every snapshot: a kill can tear one
+            if older < session:
+                why = _session_problems(run_dir, older) or (
+                    _signature_problems(run_dir, run_dir, older, key) if key is not None else []
+                )
+                if why:
+                    choice.discarded.update(_set_aside(run_dir, older, "; ".join(why)))
         if choice.from_backup:
             _put_back(folder, run_dir, session)
         if tuner_problem:
