@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -69,22 +68,16 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def sweep_stale_temps(run_dir: str | os.PathLike, folders: tuple[str, ...] = ()) -> list[str]:
+def sweep_stale_temps(run_dir: str | os.PathLike) -> list[str]:
     """Remove the temporaries that writers killed on this machine left in a local run directory: files
-    ``.<name>.tmp-<pid>`` (:func:`atomic_write`) anywhere in it, and ``tmp-<pid>`` folders directly in each of
-    ``folders`` (e.g. ablate.service.snapshots.BACKUP_DIR), where process <pid> no longer exists. A live
+    ``.<name>.tmp-<pid>`` (:func:`atomic_write`) anywhere in it whose process <pid> no longer exists. A live
     writer's temporary is kept. Returns the removed paths, relative to ``run_dir``."""
     root, removed = Path(str(run_dir).removeprefix("file://")), []
-    for folder, dirs, files in os.walk(root):
+    for folder, _dirs, files in os.walk(root):
         base = Path(folder)
         for name in [n for n in files if (m := _TEMP_FILE.match(n)) and not _pid_alive(int(m["pid"]))]:
             with contextlib.suppress(OSError):
                 (base / name).unlink()
-                removed.append(str((base / name).relative_to(root)))
-        if base.parent == root and base.name in folders:
-            for name in [n for n in dirs if n.startswith("tmp-") and n[4:].isdigit() and not _pid_alive(int(n[4:]))]:
-                shutil.rmtree(base / name, ignore_errors=True)
-                dirs.remove(name)
                 removed.append(str((base / name).relative_to(root)))
     return sorted(removed)
 

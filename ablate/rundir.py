@@ -9,10 +9,10 @@ through the constants here and writes through :func:`atomic_write` / :func:`writ
 Layout of a run directory::
 
     ablate_run.json            the marker (RUN_MARKER)
-    trial_<id>/params.json     a trial's settings (PARAMS_FILE)
+    trial_<id>/params.json     a trial's settings (PARAMS_FILE), as the marker's ``points`` record them
     trial_<id>/result.json     one JSON line per report (RESULT_FILE)
-    trial_<id>/checkpoint_*/   Ray's checkpoints (state.pt and config.json)
-    experiment_state-*.json    Ray's experiment snapshots (see ablate.service.snapshots)
+    trial_<id>/checkpoint_<step>/state.pt   the trial's own checkpoints (ablate.service.record)
+    trial_<id>/error.json      the last error of a trial that failed for good (ERROR_FILE)
     best_config.json           an Optuna grid's best setting (BEST_CONFIG_FILE)
     optuna.db                  an Optuna grid's study (OPTUNA_DB, SQLite)
     report.html                the report (REPORT_FILE)
@@ -20,9 +20,9 @@ Layout of a run directory::
     ablate_environment.txt     the installed distributions at the newest start or resume (ENVIRONMENT_FILE)
     ablate_interrupted.json    present while a run stopped by Ctrl-C waits for --resume (INTERRUPTED_FILE)
     ablate_driver.lock         locked by the live `ablate run` writing the run: pid, host, start (DRIVER_LOCK)
-    trial_<id>/pack.json       a pack trial's folder (checkpoints of its members' stacked state): members' ids
-    trial_<id>-m<i>/           member i of a pack: params.json and result.json like a trial's (no checkpoints)
-    ablate_signatures.hmac     HMACs of the files Ray unpickles on --resume (SIGNATURES_FILE, ablate.signing)
+    trial_pack-<key>/pack.json a pack's folder (checkpoints of its members' stacked state): its members' ids
+
+Ray Tune also writes its own files at the root (experiment_state-*.json, tuner.pkl, …): ablate never reads them.
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ablate import ray_compat
 from ablate.files import WriteError, atomic_write, sweep_stale_temps  # re-exported: the run directory's writes
 from ablate.pidlock import lock_holder
 
@@ -97,8 +96,10 @@ PROVENANCE_FILE = "ablate_provenance.jsonl"
 ENVIRONMENT_FILE = "ablate_environment.txt"
 #: Marks a pack trial's folder (its members' ids and grid points); readers list its members, not the folder.
 PACK_FILE = "pack.json"
-#: The param key of a pack trial's members (their grid points), as ablate.service.grids writes it.
-_PACK_KEY = "pack"
+#: A pack's folder is ``trial_pack-<key>`` (ablate.service.record.pack_id).
+PACK_PREFIX = "trial_pack-"
+#: A trial that failed for good in a driver keeps its last error here (removed when it runs again).
+ERROR_FILE = "error.json"
 #: Written when Ctrl-C stopped a run (the trials it stopped, the resume command); removed when --resume starts.
 INTERRUPTED_FILE = "ablate_interrupted.json"
 #: The driver's lock (ablate.pidlock): `ablate run` holds it for its whole life; no lock held = no live driver.
@@ -110,8 +111,6 @@ DRIVER_LOCK = "ablate_driver.lock"
 SIGNATURES_FILE = "ablate_signatures.hmac"
 #: The status ablate shows for a trial that a Ctrl-C stopped before it finished (Ray's snapshot says RUNNING).
 INTERRUPTED = "INTERRUPTED"
-#: Ray's statuses of a trial that started and has not finished (PENDING: it never started).
-_UNFINISHED = ("RUNNING", "PAUSED")
 
 
 def member_id(trial_id: str, index: int) -> str:
@@ -264,8 +263,29 @@ class RunReader:
         return self._entries(prefix, directories=False)
 
     def trial_dirs(self) -> list[str]:
-        """Names of the trial folders (``trial_<id>``; a pack's members, never the pack's own folder)."""
-        return [name for name in self.list_dirs(TRIAL_PREFIX) if self.read_text(name, PACK_FILE) is None]
+        """Names of the trial folders whose settings agree with the run's record (never a pack's own folder):
+        the marker's points that have a folder, or (a run without points in its marker) every trial folder."""
+        points = self.points()
+        names = [n for n in self.list_dirs(TRIAL_PREFIX) if not n.startswith(PACK_PREFIX)]
+        if not points:  # a search's trials, or a run from before the points: the folders that hold settings
+            return [n for n in names if self.read_text(n, PACK_FILE) is None and self.read_text(n, PARAMS_FILE)]
+        bad = set(self.disagreeing())
+        return [n for n in names if n.removeprefix(TRIAL_PREFIX) in points and n.removeprefix(TRIAL_PREFIX) not in bad]
+
+    def points(self) -> dict[str, dict[str, Any]]:
+        """trial id → its settings, as the run marker records every point run into the run ({} for older runs)."""
+        points = self.marker().get("points")
+        return points if isinstance(points, dict) else {}
+
+    def disagreeing(self) -> list[str]:
+        """Trial ids whose params.json differs from the settings the run marker records for them (edited by hand,
+        or damaged): readers leave them out and say so."""
+        out = []
+        for trial_id, recorded in self.points().items():
+            text = self.read_text(f"{TRIAL_PREFIX}{trial_id}", PARAMS_FILE)
+            if text is not None and _parsed(text) != recorded:
+                out.append(trial_id)
+        return out
 
     def marker(self) -> dict[str, Any]:
         """The run marker (its backup copy where a kill tore it); refuses a directory ablate did not write."""
@@ -294,50 +314,69 @@ class RunReader:
         return out
 
     def params(self, trial_dir: str) -> dict[str, Any] | None:
-        """A trial's params.json, or None when it is missing or damaged."""
+        """A trial's settings: the run marker's record of its point (None when its params.json disagrees with it);
+        for a run without points in its marker, its params.json (None when missing or damaged)."""
+        points = self.points()
+        trial_id = trial_dir.removeprefix(TRIAL_PREFIX)
+        if trial_id in points:
+            return None if trial_id in self.disagreeing() else points[trial_id]
         text = self.read_text(trial_dir, PARAMS_FILE)
         return _parsed(text) if text else None
 
     def trial_states(self) -> dict[str, dict[str, Any]]:
-        """trial_id → {status, params, failures} from the newest experiment state (JSON fields only).
+        """trial_id → {status, params, config, failures, iteration, pack} of each point of the run, from ablate's
+        files alone: TERMINATED once its log reaches its stop (``max_steps`` or ``target_r2``), ERROR when a pack
+        member's loss went non-finite or the trial failed for good (``error.json``), PENDING before its first
+        report; otherwise RUNNING while a live driver holds the run's lock (:data:`DRIVER_LOCK`) and no Ctrl-C
+        stopped it, else :data:`INTERRUPTED` (``--resume`` continues it)."""
+        from ablate.trial_log import finished, intact_rows
 
-        The newest is the one with the latest session timestamp in its name: Ray's storage sync rewrites
-        every file at the end of a run, so modification times cannot tell.
-        A local run whose :data:`DRIVER_LOCK` no live driver holds (stopped by Ctrl-C, SIGTERM, a kill, a full
-        disk), or that Ctrl-C stopped (:data:`INTERRUPTED_FILE`), has its started, unfinished trials read as
-        :data:`INTERRUPTED`, not as the RUNNING of Ray's last snapshot. Remote storage has no lock: Ray's word stands.
-        """
-        names = self.list_files(ray_compat.EXPERIMENT_STATE_PREFIX)
-        if not names:
-            return {}
-        states = ray_compat.parse_experiment_state(self.read_text(names[-1]) or "{}")
-        no_driver = self.fs is None and lock_holder(self._join(DRIVER_LOCK)) is None
-        if no_driver or self.read_text(INTERRUPTED_FILE) is not None:
-            for state in states.values():
-                if state["status"] in _UNFINISHED:
-                    state["status"] = INTERRUPTED
-        return self._members_of_packs(states)
+        points = self.points() or {n.removeprefix(TRIAL_PREFIX): self.params(n) or {} for n in self.trial_dirs()}
+        live = self.fs is None and lock_holder(self._join(DRIVER_LOCK)) is not None
+        live = live and self.read_text(INTERRUPTED_FILE) is None
+        packs = self._packs()
+        out = {}
+        for trial_id, params in points.items():
+            name = f"{TRIAL_PREFIX}{trial_id}"
+            rows = intact_rows(self.results(name))
+            error = _parsed(self.read_text(name, ERROR_FILE))
+            variant = params.get("variant") if isinstance(params.get("variant"), dict) else {}
+            max_steps = variant.get("max_steps", params.get("max_steps"))
+            target = variant.get("target_r2", params.get("target_r2"))
+            if rows and rows[-1].get("member_error"):
+                status = "ERROR"
+            elif isinstance(max_steps, int) and finished(rows, max_steps, target):
+                status = "TERMINATED"
+            elif isinstance(error, dict):
+                status = "ERROR"
+            elif not rows:
+                status = "PENDING"
+            else:
+                status = "RUNNING" if live else INTERRUPTED
+            out[trial_id] = {
+                "status": status,
+                "params": params,
+                "config": params,
+                "failures": int(isinstance(error, dict)),
+                "iteration": None,
+                "pack": packs.get(trial_id),
+                "error": error.get("error")
+                if isinstance(error, dict)
+                else (rows[-1].get("member_error") if rows else None),
+            }
+        return out
 
-    def _members_of_packs(self, states: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-        """Each pack trial's state replaced by its members' (:func:`member_id`): a member whose log ends with its
-        stop is TERMINATED, one whose loss went non-finite ERROR, the others share the pack's status."""
-        out: dict[str, dict[str, Any]] = {}
-        for trial_id, state in states.items():
-            points = state["config"].get(_PACK_KEY)
-            if not isinstance(points, list):
-                out[trial_id] = state
-                continue
-            shared = {k: v for k, v in state["config"].items() if k != _PACK_KEY}
-            for i, point in enumerate(points):
-                mid = member_id(trial_id, i)
-                last = (self.results(f"{TRIAL_PREFIX}{mid}") or [{}])[-1]
-                status = "ERROR" if last.get("member_error") else "TERMINATED" if last.get("done") else state["status"]
-                config = {**shared, "point": point}
-                out[mid] = {**state, "status": status, "config": config, "params": point, "pack": trial_id}
+    def _packs(self) -> dict[str, str]:
+        """member trial id → its pack's id, from the pack folders' pack.json."""
+        out = {}
+        for name in self.list_dirs(TRIAL_PREFIX + PACK_PREFIX.removeprefix(TRIAL_PREFIX)):
+            info = _parsed(self.read_text(name, PACK_FILE))
+            for member in info.get("members", []) if isinstance(info, dict) else []:
+                out[str(member)] = name.removeprefix(TRIAL_PREFIX)
         return out
 
     def statuses(self) -> dict[str, str]:
-        """trial_id → Ray status, from the newest experiment state."""
+        """trial_id → status (:meth:`trial_states`)."""
         return {k: v["status"] for k, v in self.trial_states().items()}
 
     def results(self, trial_dir: str) -> list[dict[str, Any]]:

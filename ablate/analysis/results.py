@@ -15,7 +15,7 @@ import pandas as pd
 from ablate.rundir import TRIAL_PREFIX, RunError, RunReader, atomic_write
 from ablate.service.grids import axis_text
 
-__all__ = ["LEAD_COLUMNS", "axis_value", "export_results", "load_results"]
+__all__ = ["LEAD_COLUMNS", "NothingToExport", "axis_value", "export_results", "load_results"]
 
 #: Columns that lead the table, in this order (when present).
 LEAD_COLUMNS = ["trial_id", "status", "seed", "training_iteration", "step", "samples_seen", "time_total_s", "r2"]
@@ -34,6 +34,10 @@ _DROP = {
     "checkpoint_dir_name",
     "should_checkpoint",
 }
+
+
+class NothingToExport(RunError):
+    """No trial of the run has reported yet: :func:`export_results` has no table to write, and writes none."""
 
 
 def axis_value(v: Any) -> Any:
@@ -68,7 +72,7 @@ def load_results(run_dir: str | Path) -> pd.DataFrame:
             for axis in axes:  # the trial's settings win over a metric of the same name
                 rec[axis] = axis_value(params.get(axis))
             rec["seed"] = params.get("seed")
-            rec["pack"] = params.get("pack")  # "<pack trial id>:<index>" for a member of a pack, else empty
+            rec["pack"] = row.get("pack")  # the pack id of a member of a pack (ablate run --pack), else empty
             records.append(rec)
     df = pd.DataFrame.from_records(records)
     if not df.empty:
@@ -85,11 +89,14 @@ def export_results(run_dir: str | Path, out: str | Path) -> Path:
     """Write the results table to ``out`` (.csv or .parquet); list-valued cells become JSON text in CSV.
 
     A local file is written atomically (nothing half-written or temporary is left behind); one that cannot be
-    written raises :class:`ablate.rundir.WriteError` naming ``out``."""
+    written raises :class:`ablate.rundir.WriteError` naming ``out``. A run no trial of which has reported yet
+    raises :class:`NothingToExport` and writes nothing (an existing ``out`` stays as it was)."""
     out = Path(out)
     if out.suffix not in (".csv", ".parquet"):
         raise RunError(f"--out {out}: unknown format {out.suffix!r}; allowed: .csv, .parquet")
     df = load_results(run_dir)
+    if df.empty:
+        raise NothingToExport(f"{run_dir}: nothing to export yet: no trial has reported; no file written")
     if out.suffix == ".parquet":
         atomic_write(out, lambda tmp: df.to_parquet(tmp, index=False))
     else:

@@ -9,8 +9,8 @@ from ablate.pidlock import lock_holder
 from ablate.provenance import summary_line
 from ablate.rundir import DRIVER_LOCK, INTERRUPTED, TRIAL_PREFIX, RunReader, is_remote
 from ablate.service.grids import axis_text, natural_key
-from ablate.service.integrity import log_problem
 from ablate.service.params import flat_params
+from ablate.trial_log import intact_rows
 
 __all__ = ["run_status", "varying_keys"]
 
@@ -50,12 +50,15 @@ def run_status(run_dir: str | Path) -> dict[str, Any]:
     info = reader.marker()
     counts = {"finished": 0, "running": 0, "interrupted": 0, "errored": 0, "pending": 0}
     rows, damaged = [], {}
-    for trial_id, state in reader.trial_states().items():  # the snapshot first: the log is never behind it
+    for trial_id, state in reader.trial_states().items():
         counts[_GROUPS.get(state["status"], "pending")] += 1
         results = reader.results(f"{TRIAL_PREFIX}{trial_id}")
-        problem = log_problem(results, state.get("iteration"))
-        if problem:
-            damaged[trial_id] = problem
+        intact = len(intact_rows(results))
+        if intact < len(results):
+            damaged[trial_id] = (
+                f"result.json holds reports 1–{intact} intact, then {len(results) - intact} out of order; "
+                "--resume runs the reports after them again"
+            )
         last = results[-1] if results else {}
         r2 = last.get("r2")
         params = _axis_values(state, info.get("axes"))

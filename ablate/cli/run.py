@@ -19,6 +19,9 @@ from ablate.config import ConfigError, parse_assignments
 
 __all__ = ["cmd_run", "resume_command"]
 
+#: Rows of the end-of-run summary table; a larger grid's full table is `ablate status RUN`.
+SUMMARY_ROWS = 60
+
 
 def _grid_names(args: argparse.Namespace) -> list[str]:
     return [args.grid] if isinstance(args.grid, str) else list(args.grid)
@@ -58,8 +61,6 @@ def resume_command(args: argparse.Namespace, run_dir: str | None = None, grids: 
         default = {"cpus_per_trial": 1, "gpus_per_trial": 0}.get(flag)
         if value is not None and value != default:
             words += [f"--{flag.replace('_', '-')}", f"{value:g}" if isinstance(value, float) else str(value)]
-    if is_remote(storage):  # ablate cannot sign a run on remote storage; resuming it trusts the bucket
-        words.append("--trust-run-dir")
     return shlex.join([*words, "--resume"])
 
 
@@ -156,7 +157,6 @@ def _run_one(args: argparse.Namespace, grid) -> int:
             gpus_per_trial=args.gpus_per_trial,
             max_concurrent=args.max_concurrent,
             resume=args.resume,
-            trust_run_dir=getattr(args, "trust_run_dir", False),
             keep_checkpoints=args.keep_checkpoints,
             max_failures=args.max_failures,
             tensorboard=args.tensorboard,
@@ -164,13 +164,17 @@ def _run_one(args: argparse.Namespace, grid) -> int:
             pack=resolve_pack(getattr(args, "pack", None), grid, args.gpus_per_trial),
             verbose=args.verbose,
             on_start=announce,
+            on_plan=lambda plan: print(f"{grid.name}: {plan.summary()}", flush=True),
         )
     except StorageFull as exc:
         print(f"ablate: error: {exc}: {resume_command(args)}", file=sys.stderr)
         return 1
     rows = summary_rows(outcome)
-    print(f"\nsummary ({len(rows)} trials, {outcome.wall_s:.1f} s):")
-    print(_table(sorted(rows, key=lambda r: [natural_key(r[k]) for k in grid.axis_names()])))
+    done = f"; {outcome.plan.summary()}" if outcome.plan is not None else ""
+    print(f"\nsummary ({len(rows)} trials, {outcome.wall_s:.1f} s{done}):")
+    print(_table(sorted(rows, key=lambda r: [natural_key(r[k]) for k in grid.axis_names()])[:SUMMARY_ROWS]))
+    if len(rows) > SUMMARY_ROWS:
+        print(f"… and {len(rows) - SUMMARY_ROWS} more trials: ablate status {outcome.run_dir}")
     if outcome.best_config:
         print(
             f"\nbest configuration ({outcome.best_config['metric']}={outcome.best_config['value']}): "

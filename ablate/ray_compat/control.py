@@ -13,39 +13,6 @@ import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
 
-# ------------------------------------------------------------------ resume: Ray's silent restart
-#: What Ray 2.60's TuneController logs (then starts an *empty* experiment) when it cannot read a snapshot.
-RESTORE_FAILED_MESSAGE = "Failed to restore the run state"
-_RESTORE_LOGGER = "ray.tune.execution.tune_controller"
-
-
-class _RestoreFailed(logging.Filter):
-    def __init__(self, on_failure: Callable[[BaseException | None], None]):
-        super().__init__()
-        self.on_failure = on_failure
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.getMessage().startswith(RESTORE_FAILED_MESSAGE):
-            self.on_failure(record.exc_info[1] if record.exc_info else None)
-        return True
-
-
-@contextlib.contextmanager
-def refuse_silent_restart(on_failure: Callable[[BaseException | None], None]) -> Iterator[None]:
-    """While resuming, call ``on_failure(exception)`` (which raises) when Ray logs that it could not restore.
-
-    Ray offers no hook or exception for this case: it logs :data:`RESTORE_FAILED_MESSAGE` and starts a new
-    experiment from an empty search space. ablate's own snapshot check (ablate.service.snapshots) runs first,
-    so this is a backstop; it depends on the English message and the logger name of Ray 2.60.
-    """
-    logger = logging.getLogger(_RESTORE_LOGGER)
-    guard = _RestoreFailed(on_failure)
-    logger.addFilter(guard)
-    try:
-        yield
-    finally:
-        logger.removeFilter(guard)
-
 
 # ------------------------------------------------------------------ Ctrl-C: Tune's graceful stop, and knowing it fired
 class Terminated(KeyboardInterrupt):

@@ -1,5 +1,6 @@
-"""What a run produced, as `ablate run` reports it: each trial's end state (packs' members as trials), the storage
-that filled up, the trials a Ctrl-C or SIGTERM stopped and those that never started."""
+"""What a run produced, as `ablate run` reports it: each point's end state (read from the run's own files), what
+the run reused, continued and started, the storage that filled up, the trials a Ctrl-C or SIGTERM stopped and
+those that never started."""
 
 from __future__ import annotations
 
@@ -11,18 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ablate.rundir import (
-    INTERRUPTED,
-    INTERRUPTED_FILE,
-    TRIAL_PREFIX,
-    RunError,
-    RunReader,
-    is_remote,
-    member_id,
-    write_text,
-)
+from ablate.rundir import INTERRUPTED, INTERRUPTED_FILE, TRIAL_PREFIX, RunError, RunReader, write_text
 from ablate.service.grids import Grid, axis_text
-from ablate.service.params import flat_params, pack_members
+from ablate.service.plan import Plan
 
 __all__ = [
     "RunOutcome",
@@ -84,7 +76,7 @@ class RunOutcome:
     trials: list[TrialOutcome] = field(default_factory=list)
     best_config: dict[str, Any] | None = None
     wall_s: float = 0.0
-    set_aside: dict[str, str] = field(default_factory=dict)  # torn snapshot files moved aside on resume
+    plan: Plan | None = None  # what the run reused, continued and started (a grid; None for a search)
     interrupted: bool = False  # Ctrl-C or SIGTERM stopped the run; --resume continues it
     stop_signal: int = 0  # the signal that stopped it (signal.SIGINT or signal.SIGTERM), 0 if none
     storage_full: str | None = None  # a trial failed because the storage is full: what could not be written
@@ -106,86 +98,44 @@ class RunOutcome:
 
 
 def collect_outcome(
-    results,
     grid: Grid,
     run_dir: str,
+    plan: Plan | None,
     *,
     stop_signal: int,
     pack: int,
     wall_s: float,
-    set_aside: dict[str, str],
+    errors: dict[str | None, BaseException],
 ) -> RunOutcome:
-    """The run's outcome from Tune's ``results`` (a ResultGrid): one :class:`TrialOutcome` per trial (per member of
-    a pack), INTERRUPTED where a signal (``stop_signal``, 0 for none) stopped a trial, PENDING where one never
-    started; records the stopped trials in ``RUN_DIR/ablate_interrupted.json``."""
-    local = not is_remote(run_dir)
-    outcome = RunOutcome(run_dir=Path(run_dir), grid=grid, wall_s=wall_s, set_aside=set_aside)
+    """The run's outcome from the run directory's files: one :class:`TrialOutcome` per point of ``grid`` (every
+    trial of a search), INTERRUPTED where a signal (``stop_signal``, 0 for none) stopped a trial, PENDING where one
+    never started; records the stopped trials in ``RUN_DIR/ablate_interrupted.json``. ``errors``: the errors Ray
+    returned (a full disk among them is named in :attr:`RunOutcome.storage_full`)."""
+    outcome = RunOutcome(run_dir=Path(run_dir), grid=grid, wall_s=wall_s, plan=plan)
     outcome.stop_signal = stop_signal
-    outcome.interrupted = bool(outcome.stop_signal)
-    states = RunReader(run_dir).trial_states() if outcome.interrupted and local else {}
-    for result in results:
-        metrics = result.metrics or {}
-        trial_id = metrics.get("trial_id") or Path(result.path).name.removeprefix(TRIAL_PREFIX)
-        state = states.get(trial_id, {})
-        cfg = flat_params(result.config or state.get("config") or {})  # a trial that never started: the snapshot's
-        err = None if result.error is None else f"{type(result.error).__name__}: {result.error}"
-        status = "ERROR" if result.error is not None else "TERMINATED"
-        if outcome.interrupted and status == "TERMINATED":
-            # Ray's last snapshot (taken before it stopped the actors) says whether the trial had finished or
-            # had not started (PENDING); on remote storage the trial's last report does
-            if local:
-                was = state.get("status", "RUNNING")
-            else:
-                was = "TERMINATED" if metrics.get("done") else "RUNNING" if metrics else "PENDING"
-            status = {"TERMINATED": status, "PENDING": "PENDING"}.get(was, INTERRUPTED)
-        if outcome.storage_full is None and result.error is not None:
-            full = full_disk(result.error)
-            if full is not None or "No space left on device" in str(result.error):
-                outcome.storage_full = storage_full_message(full, run_dir)
-        outcome.trials.append(TrialOutcome(trial_id, _label(cfg, grid), status, cfg, metrics, err))
-    if pack > 1 and local:
-        outcome.trials = _pack_members(outcome.trials, run_dir, grid)
+    outcome.interrupted = bool(stop_signal)
+    reader = RunReader(run_dir)
+    states = reader.trial_states()
+    ids = [p.trial_id for p in plan.points] if plan is not None else list(states)
+    for trial_id in ids:
+        state = states.get(trial_id, {"status": "PENDING", "params": {}, "error": None})
+        status = state["status"]
+        if status == "RUNNING":  # the driver is done with it: a signal stopped it, or Ray gave up on it
+            status = INTERRUPTED if outcome.interrupted else "ERROR"
+        params = state["params"] or {}
+        last = (reader.results(f"{TRIAL_PREFIX}{trial_id}") or [{}])[-1]
+        error = errors.get(trial_id) or errors.get(state.get("pack"))
+        message = f"{type(error).__name__}: {error}" if error is not None else state.get("error")
+        outcome.trials.append(TrialOutcome(trial_id, _label(params, grid), status, params, last, message))
+    for error in errors.values():
+        full = full_disk(error)
+        if full is not None or "No space left on device" in str(error):
+            outcome.storage_full = storage_full_message(full, run_dir)
+            break
     if outcome.interrupted:
-        outcome.trials += _never_created(grid, outcome.trials)
         stopped = [t.trial_id for t in outcome.unfinished]
         write_text(f"{run_dir}/{INTERRUPTED_FILE}", json.dumps({"trials": stopped, "time": time.time()}, indent=1))
     return outcome
-
-
-def _never_created(grid: Grid, trials: list[TrialOutcome]) -> list[TrialOutcome]:
-    """The grid points of an interrupted run that Ray had not even made a trial for (a --max-concurrent cap
-    makes them one by one), as PENDING trials without an id; an Optuna grid's undrawn samples have no point."""
-    if grid.search != "grid":
-        return []
-    seen = {t.label for t in trials}
-    out = []
-    for trial in grid.trials:
-        params = grid.point_params(trial)
-        label = _label(params, grid)
-        if label not in seen:
-            out.append(TrialOutcome("", label, "PENDING", params, {}))
-    return out
-
-
-def _pack_members(trials: list[TrialOutcome], run_dir: str, grid: Grid) -> list[TrialOutcome]:
-    """Each pack trial's outcome replaced by its members': status, settings and last report from their folders."""
-    reader = RunReader(run_dir)
-    states = reader.trial_states()
-    out = []
-    for t in trials:
-        members = pack_members(t.params)
-        if not members:
-            out.append(t)
-            continue
-        for i, params in enumerate(members):
-            mid = member_id(t.trial_id, i)
-            last = (reader.results(f"{TRIAL_PREFIX}{mid}") or [{}])[-1]
-            status = states.get(mid, {}).get("status", t.status)
-            if status not in ("TERMINATED", "ERROR") or t.status in (INTERRUPTED, "PENDING"):
-                status = status if last.get("done") else t.status
-            error = last.get("member_error") or (t.error if status == "ERROR" else None)
-            out.append(TrialOutcome(mid, _label(params, grid), status, params, last, error))
-    return out
 
 
 def _label(params: dict[str, Any], grid: Grid) -> str:

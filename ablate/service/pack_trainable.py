@@ -8,20 +8,25 @@ status, export, report, claims and resume see ordinary trials. A member that rea
 ``target_r2``) reports ``done`` once and is frozen; a member whose loss goes non-finite reports its error once
 (``member_error``) and the others go on. The trial is done when every member is.
 
-Checkpoints (the parent class's) hold the stacked state and each member's own solo state.
+Checkpoints (written after each report into the pack's own folder, ``trial_pack-<key>``) hold the stacked state and
+each member's own solo state; a pack continues from the newest one that every member's log covers.
 """
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 from ablate.config import RunConfig
 from ablate.core.experiment import Experiment, NonFiniteLossError
 from ablate.core.pack import PackedExperiment
 from ablate.core.pack_fields import can_pack
-from ablate.service.params import PACK_KEY, config_from_params, pack_members
+from ablate.rundir import RESULT_FILE, TRIAL_PREFIX
+from ablate.service.params import PACK_KEY, RECORD_KEY, config_from_params, pack_members
+from ablate.service.record import pack_covered
 from ablate.service.trainable import SPARE_CORES_FOR_PREFETCH, AblateTrainable
+from ablate.trial_log import last_step, read_rows
 
 __all__ = ["PackRun", "PackTrainable"]
 
@@ -122,6 +127,36 @@ class PackTrainable(AblateTrainable):
         self.configs = configs
         self.experiment = PackRun(configs)
         self.latest_r2 = None
+        self._continue_from_record()
+
+    def _covered(self):
+        record = self.params[RECORD_KEY]
+        logs = [Path(record["dir"], f"{TRIAL_PREFIX}{m}", RESULT_FILE) for m in record["members"]]
+        return pack_covered([read_rows(log) for log in logs])
+
+    def _logged_step(self) -> int | None:
+        """The least step up to which the logs of the members still training hold their reports."""
+        record = self.params[RECORD_KEY]
+        pack = self.experiment.pack
+        steps = [
+            last_step(Path(record["dir"], f"{TRIAL_PREFIX}{record['members'][i]}", RESULT_FILE)) for i in pack.active
+        ]
+        return None if not steps or None in steps else min(s for s in steps if s is not None)
+
+    def _continue_from_record(self) -> None:
+        """Continue from the pack's newest covered checkpoint; members frozen at a ``max_steps`` since raised train
+        on (those at the step the pack's training members are at, or at the furthest step when none trains)."""
+        super()._continue_from_record()
+        pack = self.experiment.pack
+        steps = pack.steps
+        reopen = [
+            i for i in sorted(pack.frozen) if steps[i] < self.configs[i].max_steps and self.configs[i].target_r2 is None
+        ]
+        active = {steps[i] for i in pack.active}
+        at = next(iter(active)) if len(active) == 1 else max((steps[i] for i in reopen), default=None)
+        for i in reopen:
+            if steps[i] == at:
+                pack.frozen.discard(i)
 
     def step(self) -> dict[str, Any]:
         pack = self.experiment.pack

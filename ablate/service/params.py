@@ -8,7 +8,7 @@ from typing import Any
 
 from ablate.config import RunConfig
 
-__all__ = ["JSON_CHOICES", "META_KEYS", "PACK_KEY", "config_from_params", "flat_params", "pack_members"]
+__all__ = ["JSON_CHOICES", "META_KEYS", "PACK_KEY", "RECORD_KEY", "config_from_params", "flat_params", "pack_members"]
 
 #: Param key listing the Optuna choices whose values are lists or mappings. Optuna stores only None, bool,
 #: int, float and str choices, so such a value travels as its JSON text (what optuna.db and optuna-dashboard
@@ -16,9 +16,11 @@ __all__ = ["JSON_CHOICES", "META_KEYS", "PACK_KEY", "config_from_params", "flat_
 JSON_CHOICES = "json_choices"
 #: Param key of a pack trial's members (their grid points), and of a member's ``<pack trial id>:<index>`` label.
 PACK_KEY = "pack"
-#: Keys of a trial's param dict that are not RunConfig fields (``fault``: the Trainable's test-only fault hook,
-#: see ablate.service.trainable.FaultSpec; set from Python, never from a grid file).
-META_KEYS = ("grid", "scale", "variant", "point", "fault", JSON_CHOICES, PACK_KEY)
+#: Keys of a trial's param dict that are not RunConfig fields.
+META_KEYS = ("grid", "scale", "variant", "point", "record", JSON_CHOICES, PACK_KEY)
+#: Param key of where a trial's record lives in the run directory (ablate.service.plan): ``{"dir", "id", "keep"}``
+#: (a pack's also ``members``, its members' ids).
+RECORD_KEY = "record"
 
 
 def flat_params(config: dict[str, Any]) -> dict[str, Any]:
@@ -48,5 +50,5 @@ def config_from_params(params: dict[str, Any], source: str = "trial") -> RunConf
     values = {k: v for k, v in params.items() if k not in META_KEYS}
     variant = params.get("variant")
     if isinstance(variant, dict):
-        values.update({k: v for k, v in variant.items() if k not in ("name", "fault")})
+        values.update({k: v for k, v in variant.items() if k != "name"})
     return RunConfig.build(values, source)

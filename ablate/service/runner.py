@@ -1,12 +1,14 @@
-"""Runs a grid through Ray Tune: validation before Ray starts, the Tuner, storage, resume.
+"""Runs a grid through Ray Tune: validation before Ray starts, the plan from the run's own files, the Tuner.
 
-A run lives in ``<storage>/<name>`` (see :mod:`ablate.rundir` for its files). ``ray.init`` and the cluster
-live in :mod:`ablate.service.cluster`, the search algorithm in :mod:`ablate.service.search`.
+A run lives in ``<storage>/<name>`` (see :mod:`ablate.rundir` for its files). What a run does to it is decided
+from ablate's files alone (:mod:`ablate.service.plan`); each run is one fresh Ray Tune experiment over the work
+that remains, and nothing Ray writes is read back. ``ray.init`` and the cluster live in
+:mod:`ablate.service.cluster`, the search algorithm in :mod:`ablate.service.search`.
 """
 
 from __future__ import annotations
 
-import contextlib
+import json
 import logging
 import time
 from pathlib import Path
@@ -14,8 +16,10 @@ from typing import Any
 
 from ablate import __version__, ray_compat
 from ablate.rundir import (
+    DRIVER_LOCK,
     INTERRUPTED_FILE,
     MARKER_TIME_FORMAT,
+    RUN_MARKER,
     RunError,
     check_writable,
     is_remote,
@@ -29,14 +33,12 @@ from ablate.rundir import (
 from ablate.service.cluster import init_ray
 from ablate.service.driver_lock import one_driver
 from ablate.service.grids import Grid, GridError
-from ablate.service.integrity import mend_for_resume
 from ablate.service.memory import check_memory
 from ablate.service.outcome import RunOutcome, StorageFull, collect_outcome, full_disk, storage_full_message
+from ablate.service.params import RECORD_KEY
+from ablate.service.plan import Plan, plan_run
 from ablate.service.provenance import record_provenance
-from ablate.service.same_run import check_same_run, run_record
 from ablate.service.search import save_best, tune_config
-from ablate.service.snapshots import BACKUP_DIR, DISCARDED_DIR, SnapshotError, choose_snapshot, has_snapshot
-from ablate.service.trust import check_before_resume, check_key, sign_files
 
 __all__ = [
     "probe_acceptance",
@@ -77,8 +79,25 @@ def probe_acceptance(grid: Grid) -> None:
                 raise GridError(f"{grid.path}: trial {trial.label}: {exc}") from None
 
 
-def _marker(grid: Grid) -> dict[str, Any]:
-    """The run marker's content: the grid, its scale and preset, its YAML text, its axes and trial count."""
+def _marker(grid: Grid, run_dir: str, plan: Plan | None, pack: int) -> dict[str, Any]:
+    """The run marker after this run: the grid it ran last (name, scale, preset, YAML text, axes), every point ever
+    run into the run (``points``: trial id → settings, the record readers trust) and each run's entry."""
+    before = read_marker(run_dir) if Path(run_dir, RUN_MARKER).exists() else {}
+    points = dict(before.get("points") or {})
+    if plan is not None:
+        points.update({p.trial_id: json.loads(json.dumps(p.params, default=str)) for p in plan.points})
+    runs = list(before.get("runs") or [])
+    runs.append(
+        {
+            "grid": grid.name,
+            "scale": grid.scale,
+            "preset": grid.preset,
+            "settings": json.loads(json.dumps(grid.overrides, default=str)),
+            "variants": [v.name for v in grid.variants],
+            "points": [p.trial_id for p in plan.points] if plan is not None else [],
+            "time": time.strftime(MARKER_TIME_FORMAT),
+        }
+    )
     return {
         "ablate_version": __version__,
         "grid": grid.name,
@@ -89,20 +108,19 @@ def _marker(grid: Grid) -> dict[str, Any]:
         "search": grid.search,
         "axes": grid.axis_names(),
         "variants": [v.name for v in grid.variants],
-        "n_trials": grid.n_trials,
-        "created": time.strftime(MARKER_TIME_FORMAT),
-        **run_record(grid),  # the --set settings and resolved trials: --resume refuses another run
+        "n_trials": len(points) if grid.search == "grid" else grid.n_trials,
+        "created": before.get("created", time.strftime(MARKER_TIME_FORMAT)),
+        "pack": pack,
+        "points": points,
+        "runs": runs,
     }
 
 
-def _callbacks(tensorboard: bool, local: bool) -> list:
-    """Result loggers and the snapshot keeper. A local run directory gets ablate's append-only result log;
-    remote storage (s3://, gs://) keeps Ray's JSON and CSV loggers, which reach it through Ray's sync."""
-    from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
+def _callbacks(tensorboard: bool) -> list:
+    """ablate's result log (:class:`ablate.service.callbacks.ResultLog`), and TensorBoard's if asked for."""
+    from ablate.service.callbacks import ResultLog
 
-    from ablate.service.callbacks import ResultLog, SnapshotKeeper
-
-    cbs: list = [ResultLog(), SnapshotKeeper()] if local else [JsonLoggerCallback(), CSVLoggerCallback()]
+    cbs: list = [ResultLog()]
     if tensorboard:
         from ray.tune.logger import TBXLoggerCallback
 
@@ -136,9 +154,9 @@ def default_run_name(grid: Grid) -> str:
 
 
 def has_run_state(storage: str, name: str) -> bool:
-    """Whether ``<storage>/<name>`` holds a run that ``--resume`` can continue (local storage; remote: True)."""
+    """Whether ``<storage>/<name>`` holds a run (its marker) that ``--resume`` can continue."""
     run_dir = resolve_run_dir(storage, name)
-    return is_remote(run_dir) or has_snapshot(run_dir)
+    return not is_remote(run_dir) and Path(run_dir, RUN_MARKER).is_file()
 
 
 @one_driver(lambda grid, name: name or default_run_name(grid))
@@ -160,145 +178,148 @@ def run_grid(
     pack: int = 1,
     verbose: int = 1,
     on_start=None,
-    trust_run_dir: bool = False,
+    on_plan=None,
+    trainable=None,
 ) -> RunOutcome:
-    """Run ``grid`` through Ray Tune (or resume it) and return each trial's end state.
+    """Run ``grid`` into the run directory ``<storage>/<name>`` through Ray Tune and return each trial's end state.
+
+    The run directory is the record (:mod:`ablate.service.plan`): a point whose trial finished is reused, one that
+    has reports continues from its newest checkpoint, a new one starts; one fresh Ray Tune experiment runs what
+    remains. So a first run, ``resume``, more seeds, a new axis value, another variant, a higher ``max_steps``
+    or a ``--set`` that makes new points are the same call; ``resume`` only insists that the run exists.
 
     Everything is validated before Ray starts: the grid, the sampler's acceptance, the storage.
-    ``on_start(run_dir, dashboard_url)`` is called once Ray is up (the CLI prints it). ``dashboard=False``
-    starts a local Ray without its web dashboard (a headless machine, or a Ray installed without the dashboard's
-    packages); joining a cluster (``address``) leaves the cluster's dashboard as it is.
-    A resume unpickles only files ablate signed (:mod:`ablate.service.trust`); ``trust_run_dir`` vouches for
-    a run directory copied from elsewhere (its files are signed instead of checked).
-    ``pack`` > 1 trains up to that many grid points that share every shape and code path as one batched model
-    per Ray trial (:mod:`ablate.service.pack_trainable`); each still gets its own trial folder. A resume keeps
-    the packing the run started with.
+    ``on_plan(plan)`` is called once the plan is made and ``on_start(run_dir, dashboard_url)`` once Ray is up (the
+    CLI prints both). ``dashboard=False`` starts a local Ray without its web dashboard. ``pack`` > 1 trains up to
+    that many grid points that share every shape and code path as one batched model per Ray trial; a run keeps
+    the packing it started with. ``trainable``: the Trainable class to run (tests pass a subclass that injects
+    faults); by default ablate's own.
     """
     run_name = name or default_run_name(grid)
     run_dir = resolve_run_dir(storage, run_name)
+    if is_remote(run_dir):
+        raise RunError(
+            f"--storage {storage}: ablate keeps its run record (result logs, checkpoints) as files that the driver "
+            "and every trial read and write; use a local folder, or one shared by every node (NFS, a SLURM "
+            "cluster's shared storage)"
+        )
     if pack > 1 and grid.search != "grid":
         raise RunError(f"--pack {pack}: {grid.name} is an Optuna search; a search runs one setting per trial")
     probe_acceptance(grid)
     check_memory(grid, cpus_per_trial, gpus_per_trial, max_concurrent, address=address, num_cpus=num_cpus, pack=pack)
     check_writable(storage)
-    local = not is_remote(run_dir)
-    if local:
-        check_key()
-    set_aside: dict[str, str] = {}
-    state_exists = local and has_snapshot(run_dir)
-    if resume:
-        if local and not Path(run_dir).exists():
-            raise RunError(f"--resume: nothing to resume at {run_dir} (no such run)")
-        info = read_marker(run_dir) if local else None
-        if info is not None:
-            check_same_run(info, grid, run_dir)  # the grid, its --set and its trials as the run started
-        if local and not state_exists:
-            raise RunError(f"--resume: nothing to resume at {run_dir} (no experiment state)")
-        pack = int(info.get("pack", 1)) if info is not None else pack  # the trainable the run was made with
-        if local:
-            _swept(sweep_stale_temps(run_dir, (BACKUP_DIR,)))  # temporaries of writers killed earlier
-            set_aside = _choose_snapshot(run_dir, trust_run_dir)
-        check_before_resume(run_dir, trust_run_dir)  # before Ray unpickles anything
-        mended = mend_for_resume(run_dir) if local else None  # each report once (ablate.service.integrity)
-        if mended and mended.rewritten:
-            sign_files(run_dir, mended.rewritten)
-        remove_file(f"{run_dir}/{INTERRUPTED_FILE}")  # a driver runs the trials again
-        if local:
-            record_provenance(run_dir, "resume")
-    elif state_exists:
-        raise RunError(f"{run_dir} already holds a run: add --resume to continue it, or choose another --name")
+    exists = Path(run_dir, RUN_MARKER).is_file()
+    foreign = Path(run_dir).is_dir() and any(p.name != DRIVER_LOCK for p in Path(run_dir).iterdir())
+    if not exists and foreign:
+        raise RunError(
+            f"{run_dir}: not an ablate run directory (no {RUN_MARKER}); ablate writes only into runs it made: "
+            "choose another --name or --storage"
+        )
+    if resume and not exists:
+        raise RunError(f"--resume: nothing to resume at {run_dir} (no such run)")
+    if exists:
+        before = read_marker(run_dir)
+        if before.get("search", "grid") != grid.search:
+            kinds = {"grid": "a grid search", "optuna": "an Optuna search"}
+            raise RunError(
+                f"{run_dir} holds {kinds.get(before.get('search', 'grid'), 'a run')} of {before.get('grid')}; "
+                f"{grid.name} is {kinds[grid.search]}: choose another --name"
+            )
+        recorded = int(before.get("pack", 1))
+        if recorded != pack:
+            _log.warning(
+                "%s was run with --pack %d: it keeps that packing (--pack %d ignored)", run_dir, recorded, pack
+            )
+            pack = recorded
+        _swept(sweep_stale_temps(run_dir))  # temporaries of writers killed earlier
+    remove_file(f"{run_dir}/{INTERRUPTED_FILE}")  # a driver runs the trials again
+    plan = plan_run(grid, run_dir, pack=pack, keep=keep_checkpoints) if grid.search == "grid" else None
+    write_marker(run_dir, _marker(grid, run_dir, plan, pack))
+    record_provenance(run_dir, "resume" if exists else "start")
+    if on_plan is not None and plan is not None:
+        on_plan(plan)
+    started = time.time()
+    if plan is not None and not plan.units:  # every point finished already: nothing for Ray to do
+        return collect_outcome(grid, run_dir, plan, stop_signal=0, pack=pack, wall_s=0.0, errors={})
 
     ray_compat.set_tune_environment(num_cpus)
     from ray import tune
 
-    if pack > 1:
-        from ablate.service.pack_trainable import PackTrainable as trainable_class
-    else:
-        from ablate.service.trainable import AblateTrainable as trainable_class
-    if not resume:
-        write_marker(run_dir, {**_marker(grid), "pack": pack})
-        if local:
-            record_provenance(run_dir, "start")
+    if trainable is None and pack > 1:
+        from ablate.service.pack_trainable import PackTrainable as trainable
+    elif trainable is None:
+        from ablate.service.trainable import AblateTrainable as trainable
     ray_info = init_ray(address, num_cpus=num_cpus, dashboard=dashboard)
     ray_compat.reclaim_sigterm()  # Ray's crash handler took SIGTERM: Python's handler (the CLI's) again
     if on_start is not None:
         on_start(run_dir, ray_info["dashboard_url"])
 
-    trainable = tune.with_resources(trainable_class, {"cpu": cpus_per_trial, "gpu": gpus_per_trial})
-    started = time.time()
-    if resume:
-        tuner = tune.Tuner.restore(run_dir, trainable=trainable, resume_unfinished=True, resume_errored=True)
-    else:
-        tuner = tune.Tuner(
-            trainable,
-            param_space=grid.param_space(pack=pack),
-            tune_config=tune_config(grid, max_concurrent, run_dir),
-            run_config=tune.RunConfig(
-                name=run_name,
-                storage_path=storage if is_remote(storage) else str(Path(storage).expanduser().resolve()),
-                checkpoint_config=tune.CheckpointConfig(
-                    num_to_keep=keep_checkpoints, checkpoint_frequency=1, checkpoint_at_end=True
-                ),
-                failure_config=tune.FailureConfig(max_failures=max_failures),
-                callbacks=_callbacks(tensorboard, local),
-                progress_reporter=_reporter(grid),
-                verbose=verbose,
-            ),
-        )
-    if local and not resume:
-        sign_files(run_dir, [Path(run_dir, ray_compat.TUNER_FILE)])  # Ray has just written it
-    guard = ray_compat.refuse_silent_restart(_restore_failed(run_dir)) if resume else contextlib.nullcontext()
+    tuner = tune.Tuner(
+        tune.with_resources(trainable, {"cpu": cpus_per_trial, "gpu": gpus_per_trial}),
+        param_space=_param_space(grid, plan, run_dir, keep_checkpoints),
+        tune_config=tune_config(grid, max_concurrent, run_dir, n_samples=_samples_left(grid, run_dir)),
+        run_config=tune.RunConfig(
+            name=run_name,
+            storage_path=str(Path(storage).expanduser().resolve()),
+            checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=0, checkpoint_at_end=False),
+            failure_config=tune.FailureConfig(max_failures=max_failures),
+            callbacks=_callbacks(tensorboard),
+            progress_reporter=_reporter(grid),
+            verbose=verbose,
+        ),
+    )
     try:
-        with guard, ray_compat.graceful_interrupt() as interrupted, ray_compat.hide_full_disk_tracebacks(_full_warning):
+        with ray_compat.graceful_interrupt() as interrupted, ray_compat.hide_full_disk_tracebacks(_full_warning):
             results = tuner.fit()
-    except Exception as exc:  # a full disk in the driver (a callback, a snapshot) ends Tune with a traceback
+    except Exception as exc:  # a full disk in the driver (the result log) ends Tune with a traceback
         full = full_disk(exc)
         if full is None:
             raise
         raise StorageFull(storage_full_message(full, run_dir)) from exc
+    errors = {}
+    for result in results:
+        if result.error is not None:
+            errors[_record_id(result.config)] = result.error
     outcome = collect_outcome(
-        results, grid, run_dir, stop_signal=interrupted(), pack=pack, wall_s=time.time() - started, set_aside=set_aside
+        grid, run_dir, plan, stop_signal=interrupted(), pack=pack, wall_s=time.time() - started, errors=errors
     )
     if grid.search == "optuna":
-        outcome.best_config = save_best(results, grid, run_dir)
+        outcome.best_config = save_best(grid, run_dir)
     return outcome
+
+
+def _param_space(grid: Grid, plan: Plan | None, run_dir: str, keep: int) -> dict[str, Any]:
+    """A grid's work as one grid_search over its units (each a point or a pack, with its record); a search's
+    space with the record's folder (each trial's id follows from its settings)."""
+    from ray import tune
+
+    if plan is None:
+        space = grid.param_space()
+        space[RECORD_KEY] = {"dir": run_dir, "keep": keep, "shown": grid.axis_names()}
+        return space
+    return {"grid": grid.name, "scale": grid.scale, "point": tune.grid_search(plan.units)}
+
+
+def _record_id(config: dict[str, Any] | None) -> str | None:
+    from ablate.service.search import record_of
+
+    record = record_of(config or {})
+    return None if record is None else record["id"]
+
+
+def _samples_left(grid: Grid, run_dir: str) -> int | None:
+    """An Optuna search's samples still to draw: its budget less the trials its study finished (None: a grid)."""
+    if grid.search != "optuna":
+        return None
+    from ablate.service.search import finished_samples
+
+    return max(grid.n_trials - finished_samples(grid, run_dir), 0)
 
 
 def _swept(paths: list[str]) -> None:
     if paths:
-        _log.warning("--resume: removed %d temporary file(s) of killed writers: %s", len(paths), ", ".join(paths))
+        _log.warning("removed %d temporary file(s) of killed writers: %s", len(paths), ", ".join(paths))
 
 
 def _full_warning(line: str) -> None:
     _log.warning("the storage is full (%s); trials that cannot save are retried, then stop", line)
-
-
-def _choose_snapshot(run_dir: str, trust: bool = False) -> dict[str, str]:
-    """Resume from the newest complete snapshot; say which torn files were set aside and why."""
-    try:
-        choice = choose_snapshot(run_dir, trust)
-    except SnapshotError as exc:
-        raise RunError(f"--resume: {exc}") from exc
-    if choice.discarded:
-        source = f"ablate's backup in {BACKUP_DIR}/" if choice.from_backup else "the run directory"
-        _log.warning(
-            "--resume: the newest snapshot was torn by a kill (%s); moved %s to %s/ and resuming from "
-            "session %s as saved in %s",
-            "; ".join(sorted(set(choice.discarded.values()))),
-            ", ".join(choice.discarded),
-            Path(run_dir, DISCARDED_DIR),
-            choice.session,
-            source,
-        )
-    return choice.discarded
-
-
-def _restore_failed(run_dir: str):
-    def fail(exc: BaseException | None) -> None:
-        cause = f" ({type(exc).__name__}: {exc})" if exc is not None else ""
-        raise RunError(
-            f"--resume: Ray could not read the experiment state in {run_dir}{cause}; "
-            "stopped instead of restarting the grid from scratch"
-        )
-
-    return fail

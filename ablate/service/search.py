@@ -6,23 +6,73 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ablate.rundir import BEST_CONFIG_FILE, RESULT_FILE, TRIAL_PREFIX, is_remote, optuna_storage_url
+from ablate.rundir import BEST_CONFIG_FILE, OPTUNA_DB, RESULT_FILE, TRIAL_PREFIX, optuna_storage_url
 from ablate.service.grids import Grid, n_reports
-from ablate.service.params import flat_params
+from ablate.service.record import record_of
 
-__all__ = ["save_best", "trial_dirname", "tune_config"]
+__all__ = ["finished_samples", "save_best", "trial_dirname", "tune_config", "unfinished_points"]
 
 
 def trial_dirname(trial) -> str:
-    """A trial's folder name in the run directory: ``trial_<id>``."""
-    return f"{TRIAL_PREFIX}{trial.trial_id}"
+    """A trial's folder name in the run directory: ``trial_<record id>`` (:func:`ablate.service.record.record_of`)."""
+    record = record_of(trial.config)
+    return f"{TRIAL_PREFIX}{record['id'] if record is not None else trial.trial_id}"
 
 
-def tune_config(grid: Grid, max_concurrent: int | None, run_dir: str | None = None):
+def _study(grid: Grid, run_dir: str):
+    """The search's Optuna study in ``RUN_DIR/optuna.db`` (study name = grid name), or None when there is none yet."""
+    import optuna
+
+    if not Path(run_dir, OPTUNA_DB).is_file():
+        return None
+    storage = optuna.storages.RDBStorage(optuna_storage_url(run_dir))
+    try:
+        return optuna.load_study(study_name=grid.name, storage=storage)
+    except KeyError:  # the database holds no study of that name
+        return None
+
+
+def finished_samples(grid: Grid, run_dir: str) -> int:
+    """Trials of the search's study that ended (complete, pruned or failed): they count against its budget."""
+    study = _study(grid, run_dir)
+    if study is None:
+        return 0
+    import optuna
+
+    done = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL)
+    replaced = set(study.user_attrs.get(_CONTINUED, []))
+    return sum(t.state in done and t.number not in replaced for t in study.get_trials(deepcopy=False))
+
+
+#: The study's user attribute listing the numbers of trials a stopped driver left RUNNING, closed as FAIL when a
+#: later run continued them (as new trials, in the same trial folders): the budget counts each setting once.
+_CONTINUED = "ablate_continued"
+
+
+def unfinished_points(grid: Grid, run_dir: str) -> list[dict[str, Any]]:
+    """The settings of the study's trials a stopped driver left RUNNING, closed here (FAIL, marked continued): the
+    search asks Optuna to evaluate them again first, and each continues in its trial folder from its checkpoint."""
+    study = _study(grid, run_dir)
+    if study is None:
+        return []
+    import optuna
+
+    points, closed = [], list(study.user_attrs.get(_CONTINUED, []))
+    for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        points.append(dict(trial.params))
+        closed.append(trial.number)
+        study.set_user_attr(_CONTINUED, closed)
+        study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
+    return points
+
+
+def tune_config(grid: Grid, max_concurrent: int | None, run_dir: str | None = None, n_samples: int | None = None):
     """Ray Tune's TuneConfig for ``grid``: every point once (grid search), or Optuna's TPE sampler with ASHA.
 
-    An Optuna grid on local storage keeps its study in ``RUN_DIR/optuna.db`` (study name = grid name), so
-    ``optuna.load_study``, optuna-dashboard and the report read it; remote runs keep it in memory.
+    An Optuna grid keeps its study in ``RUN_DIR/optuna.db`` (study name = grid name), so ``optuna.load_study``,
+    optuna-dashboard and the report read it, and a later run of the search continues it: the trials a stopped
+    driver left running are evaluated first (each continues from its checkpoint) and ``n_samples`` (the budget
+    left) more are drawn.
     """
     from ray import tune
 
@@ -36,10 +86,11 @@ def tune_config(grid: Grid, max_concurrent: int | None, run_dir: str | None = No
 
     opt = grid.optuna
     assert opt is not None  # search: optuna
-    storage = None
-    if run_dir is not None and not is_remote(run_dir):
+    storage, again = None, []
+    if run_dir is not None:
         import optuna
 
+        again = unfinished_points(grid, run_dir)
         storage = optuna.storages.RDBStorage(optuna_storage_url(run_dir))
     searcher = OptunaSearch(
         metric=opt.metric,
@@ -47,6 +98,7 @@ def tune_config(grid: Grid, max_concurrent: int | None, run_dir: str | None = No
         seed=grid.seeds[0],
         storage=storage,
         study_name=grid.name if storage is not None else None,
+        points_to_evaluate=again or None,
     )
     limit = max_concurrent or opt.max_concurrent or 2
     if opt.time_budget_s is not None:  # rungs in seconds of training: settings compete at equal wall time
@@ -64,12 +116,13 @@ def tune_config(grid: Grid, max_concurrent: int | None, run_dir: str | None = No
             grace_period=min(opt.grace_period, n_max),
             reduction_factor=opt.reduction_factor,
         )
+    samples = opt.num_samples if n_samples is None else n_samples
     return tune.TuneConfig(
         metric=opt.metric,
         mode=opt.mode,
         search_alg=ConcurrencyLimiter(searcher, max_concurrent=limit),
         scheduler=scheduler,
-        num_samples=opt.num_samples,
+        num_samples=samples + len(again),
         reuse_actors=True,
         trial_dirname_creator=trial_dirname,
     )
@@ -91,47 +144,56 @@ def seconds_to_target(trial_dir: str | Path, metric: str, target: float) -> tupl
     return None
 
 
-def save_best(results, grid: Grid, run_dir: str) -> dict[str, Any] | None:
-    """The best trial of an Optuna grid (metric, value, searched settings, steps); written to best_config.json.
+def save_best(grid: Grid, run_dir: str) -> dict[str, Any] | None:
+    """The best trial of an Optuna grid (metric, value, searched settings, steps), from the run's trial folders;
+    written to best_config.json.
 
     A search with a target (``stop.target_r2`` and metric ``r2``) looks for the fastest way there: its best trial
     is the one that first reached the target in the fewest seconds of training (``time_total_s``); without a
     trial that reached it, or without a target, the best is the highest (``mode``) last value of the metric.
     """
+    from ablate.rundir import RunReader
+
     opt = grid.optuna
     assert opt is not None  # search: optuna
+    reader = RunReader(run_dir)
+    trials = []
+    for name in reader.trial_dirs():
+        rows = reader.results(name)
+        params = reader.params(name) or {}
+        if rows:
+            trials.append((name, params, rows))
     target = grid.stop.target_r2
     fastest = None
-    if target is not None and opt.metric == "r2" and not is_remote(run_dir):
+    if target is not None and opt.metric == "r2":
         reached = []
-        for result in results:
-            hit = seconds_to_target(result.path, "r2", float(target)) if result.path else None
-            if hit is not None and result.metrics:
-                reached.append((hit[0], hit[1], result))
+        for name, params, _rows in trials:
+            hit = seconds_to_target(Path(run_dir, name), "r2", float(target))
+            if hit is not None:
+                reached.append((hit[0], hit[1], name, params, _rows))
         if reached:
             fastest = min(reached, key=lambda r: r[0])
     if fastest is not None:
-        seconds, step, best = fastest
+        seconds, step, name, params, rows = fastest
         ranked_by = f"fewest seconds of training to r2 >= {target:g}"
     else:
-        try:
-            best = results.get_best_result(metric=opt.metric, mode=opt.mode, scope="last")
-        except RuntimeError:
+        scored = [t for t in trials if isinstance(t[2][-1].get(opt.metric), int | float)]
+        if not scored:
             return None
+        pick = max if opt.mode == "max" else min
+        name, params, rows = pick(scored, key=lambda t: t[2][-1][opt.metric])
         seconds, step, ranked_by = None, None, f"{opt.mode} last {opt.metric}"
-    if best is None or best.metrics is None:
-        return None
+    last = rows[-1]
     info = {
         "metric": opt.metric,
         "mode": opt.mode,
-        "value": best.metrics.get(opt.metric),
-        "config": {k: v for k, v in flat_params(best.config).items() if k in opt.space},
-        "steps": best.metrics.get("step"),
-        "trial_id": best.metrics.get("trial_id"),
+        "value": last.get(opt.metric),
+        "config": {k: v for k, v in params.items() if k in opt.space},
+        "steps": last.get("step"),
+        "trial_id": name.removeprefix(TRIAL_PREFIX),
         "ranked_by": ranked_by,
     }
     if seconds is not None:
         info.update({"seconds_to_target": seconds, "steps_to_target": step})
-    if not is_remote(run_dir):
-        (Path(run_dir) / BEST_CONFIG_FILE).write_text(json.dumps(info, indent=1, default=str))
+    (Path(run_dir) / BEST_CONFIG_FILE).write_text(json.dumps(info, indent=1, default=str))
     return info

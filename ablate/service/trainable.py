@@ -1,8 +1,10 @@
 """The Ray Tune Trainable: a thin adapter from Ray's class API to :class:`ablate.core.experiment.Experiment`.
 
-One Ray iteration = one report period (``report_every`` steps, fewer at the end). Checkpoints hold the
-experiment's state as a torch file (loadable with ``weights_only=True``) plus the config as JSON, both
-written atomically (temporary name, then rename).
+One Ray iteration = one report period (``report_every`` steps, fewer at the end). After each report the
+Trainable writes the experiment's state into its trial's own folder in the run directory
+(``checkpoint_<step>/state.pt``, atomically, loadable with ``weights_only=True``; :mod:`ablate.service.record`),
+and at setup it continues from the newest one its result log covers: a resumed or extended run, or Ray's retry of
+a failed trial, continues from ablate's files, never from Ray's.
 """
 
 from __future__ import annotations
@@ -10,51 +12,37 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 from ray import tune
 
 from ablate import ray_compat
 from ablate.core.experiment import Experiment
-from ablate.rundir import atomic_write
-from ablate.service.integrity import CHECKPOINT_FILE, checkpoint_iteration, load_state, newest_loadable
-from ablate.service.params import config_from_params, flat_params
+from ablate.pidlock import LockHeld, PidLock
+from ablate.rundir import RESULT_FILE, TRIAL_PREFIX, atomic_write
+from ablate.service.params import PACK_KEY, config_from_params, flat_params
+from ablate.service.record import CHECKPOINT_FILE, load_state, record_of, resume_point, solo_covered
+from ablate.service.record import write_checkpoint as write_checkpoint_at_step
 from ablate.service.spare_cores import SpareCoreMeter
+from ablate.trial_log import finished, intact_rows, last_step, read_rows
 
-__all__ = ["AblateTrainable", "CHECKPOINT_FILE", "FaultSpec", "InjectedFault", "load_state", "write_checkpoint"]
+__all__ = ["AblateTrainable", "CHECKPOINT_FILE", "load_state", "write_checkpoint"]
 
 _log = logging.getLogger("ablate.service.trainable")
 
 CONFIG_FILE = "config.json"
-_FAULT_COUNTER = "ablate_faults_fired"
 #: Idle cores (beyond the trial's own) that switch its batch prefetch thread on for the next report period.
 SPARE_CORES_FOR_PREFETCH = 0.5
-
-
-class InjectedFault(RuntimeError):
-    """Raised by the test-only fault hook (:class:`FaultSpec`)."""
-
-
-class FaultSpec(BaseModel):
-    """Test-only fault injection: raise once the trial passes ``at_step``, ``times`` times per trial.
-
-    Not a RunConfig field: a test puts it under the trial param key ``fault`` (in the grid's base or in a
-    variant, from Python; grid files cannot set it) and only this Trainable reads it.
-    """
-
-    model_config = ConfigDict(extra="forbid")
-    at_step: int = Field(ge=1, description="raise when training passes this step")
-    times: int = Field(default=1, ge=1, description="how many times (across retries) the fault fires")
-
-    @classmethod
-    def from_params(cls, params: dict[str, Any]) -> FaultSpec | None:
-        """The fault a trial's params ask for (its variant's wins), or None."""
-        variant = params.get("variant")
-        raw = variant.get("fault") if isinstance(variant, dict) and "fault" in variant else params.get("fault")
-        return None if raw is None else cls.model_validate(raw)
+#: The lock a trial holds on its folder while it trains (ablate.pidlock).
+TRIAL_LOCK = ".trial.lock"
+#: Keys Ray adds to every report (a finished trial's last report is handed back without them).
+_RAY_KEYS = (
+    "training_iteration", "trial_id", "time_this_iter_s", "time_total_s", "timestamp", "date", "pid",
+    "hostname", "node_ip", "time_since_restore", "iterations_since_restore", "done", "config",
+)  # fmt: skip
 
 
 def write_checkpoint(directory: str | os.PathLike, state: dict[str, Any], config: dict[str, Any]) -> None:
@@ -82,6 +70,7 @@ class AblateTrainable(tune.Trainable):
         self.run_config = config_from_params(self.params, f"trial {self.trial_name}")
         self.experiment = Experiment(self.run_config)
         self.latest_r2: float | None = None
+        self._continue_from_record()
 
     def _use_assigned_cpus(self) -> None:
         import ray
@@ -95,9 +84,10 @@ class AblateTrainable(tune.Trainable):
         torch.set_num_threads(max(1, int(round(cpus))))
 
     def step(self) -> dict[str, Any]:
+        if self._finished_row is not None:  # a search's repeat of a setting the run finished: its last report
+            return {**self._finished_row, "done": True}
         cfg = self.run_config
         n = min(cfg.report_every, cfg.max_steps - self.experiment.step)
-        self._maybe_inject_fault(n)
         spare = self._spare_cores.spare()
         # the prefetch thread only where it gets an idle core (same numbers either way; see spare_cores.py)
         self.experiment.prefetch = spare is not None and spare >= SPARE_CORES_FOR_PREFETCH
@@ -107,64 +97,83 @@ class AblateTrainable(tune.Trainable):
         self.latest_r2 = result["r2"]
         reached = cfg.target_r2 is not None and result["r2"] >= cfg.target_r2
         result["done"] = self.experiment.step >= cfg.max_steps or reached
+        self._save_to_record()
         return result
 
-    def _maybe_inject_fault(self, n_steps: int) -> None:
-        fault = FaultSpec.from_params(self.params)
-        if fault is None or not (self.experiment.step < fault.at_step <= self.experiment.step + n_steps):
-            return
-        counter = Path(self.logdir) / _FAULT_COUNTER
-        fired = int(counter.read_text()) if counter.exists() else 0
-        if fired < fault.times:
-            counter.write_text(str(fired + 1))
-            raise InjectedFault(f"injected fault at step {fault.at_step} ({fired + 1} of {fault.times})")
-
     def save_checkpoint(self, checkpoint_dir: str) -> None:
+        """Ray's own checkpoint (not used by ablate's runs, which keep their checkpoints in the trial's record)."""
         write_checkpoint(checkpoint_dir, self.experiment.state_dict(), self.params)
 
-    def restore(self, checkpoint_path: Any) -> None:
-        """Restore from the newest checkpoint of this trial that exists and loads, at or before the one Ray
-        recorded (a damaged or deleted one falls back to the previous one, else to a fresh start), and tell Ray
-        that checkpoint's iteration, so the trial's next report is numbered after it (Ray would number it after
-        the one it recorded) and the result log drops the rows the trial reports again. Remote storage: Ray's
-        own restore, with :meth:`load_checkpoint`'s fallback."""
-        folder, metrics = ray_compat.checkpoint_to_restore(checkpoint_path)
-        if folder is None:
-            return super().restore(checkpoint_path)
-        cfg, recorded = self.run_config, metrics.get("training_iteration")
-        max_step = min(recorded * cfg.report_every, cfg.max_steps) if isinstance(recorded, int) else None
-        found = newest_loadable(folder, self.experiment.device, max_step)
-        if found is None:
-            _log.warning("trial %s: no loadable checkpoint; restarting from step 0", self.trial_name)
-            self._build(self.params)  # Ray's counters stay at zero: the trial reports from 1 again
-            return None
-        chosen, state = found
-        if chosen != Path(folder):
-            self._say_earlier(chosen, state)
-        self._loaded = (chosen, state)
-        iteration = checkpoint_iteration(state["step"], cfg.report_every)
-        return super().restore(ray_compat.training_result(str(chosen), {**metrics, "training_iteration": iteration}))
-
     def load_checkpoint(self, checkpoint: str | dict | None) -> None:
-        """Restore from ``checkpoint``; a damaged one falls back to the previous one, else a fresh start."""
-        if checkpoint is None:
-            return
-        here = Path(checkpoint)
-        loaded, self._loaded = getattr(self, "_loaded", None), None
-        found = loaded if loaded is not None and loaded[0] == here else newest_loadable(here, self.experiment.device)
-        if found is None:
-            _log.warning("trial %s: no loadable checkpoint; restarting from step 0", self.trial_name)
-            self._build(self.params)
-            return
-        candidate, state = found
-        if candidate != here:
-            self._say_earlier(candidate, state)
-        self.experiment.load_state_dict(state)
+        """Load a checkpoint that :meth:`save_checkpoint` wrote."""
+        if checkpoint is not None:
+            self.experiment.load_state_dict(load_state(checkpoint, self.experiment.device))
 
-    def _say_earlier(self, folder: Path, state: dict[str, Any]) -> None:
-        _log.warning(
-            "trial %s: restored from the earlier checkpoint %s (step %s)", self.trial_name, folder, state["step"]
-        )
+    # ------------------------------------------------------------------ the trial's own record
+    def _record_dir(self) -> Path | None:
+        """The trial's folder in the run directory (``params["record"]``; None when used outside a run)."""
+        record = record_of(self.params)
+        return Path(record["dir"], f"{TRIAL_PREFIX}{record['id']}") if record is not None else None
+
+    def _continue_from_record(self) -> None:
+        """Continue from the trial's newest checkpoint that loads and that its result log covers (the driver cut
+        the log back to it before the run; a retry within the run finds the one it wrote last).
+
+        The trial holds its folder's lock while it trains: a search that suggests a setting a trial of the run is
+        training right now (the same folder) waits for it, then continues it (or reports its end)."""
+        self._finished_row = None
+        folder = self._record_dir()
+        if folder is None:
+            return
+        self._lock_record(folder)
+        rows = intact_rows(read_rows(folder / RESULT_FILE))
+        if finished(rows, self.run_config.max_steps, self.run_config.target_r2) and PACK_KEY not in self.params:
+            self._finished_row = {k: v for k, v in rows[-1].items() if k not in _RAY_KEYS}
+            return
+        state = resume_point(folder, self._covered(), self.experiment.device)
+        if state is not None:
+            self.experiment.load_state_dict(state)
+            _log.info("trial %s: continues from step %d", self.trial_name, state["step"])
+
+    def _lock_record(self, folder: Path) -> None:
+        self._release_record()
+        folder.mkdir(parents=True, exist_ok=True)
+        lock = PidLock(folder / TRIAL_LOCK)
+        while True:
+            try:
+                self._record_lock = lock.acquire()
+                return
+            except LockHeld as exc:
+                if not getattr(self, "_said_wait", False):
+                    self._said_wait = True
+                    _log.info("trial %s: waits for %s (the same setting is training)", self.trial_name, exc)
+                time.sleep(1.0)
+
+    def _release_record(self) -> None:
+        lock, self._record_lock = getattr(self, "_record_lock", None), None
+        if lock is not None:
+            lock.release()
+
+    def cleanup(self) -> None:
+        self._release_record()
+
+    def _covered(self):
+        folder = self._record_dir()
+        assert folder is not None
+        return solo_covered(read_rows(folder / RESULT_FILE))
+
+    def _save_to_record(self) -> None:
+        """The checkpoint after a report, in the trial's own folder (before Ray hands the report to the driver,
+        which logs it: a checkpoint counts once its report is in the log)."""
+        folder = self._record_dir()
+        if folder is not None:
+            keep = int(record_of(self.params).get("keep", 2))
+            write_checkpoint_at_step(folder, self.experiment.state_dict(), keep, self._logged_step())
+
+    def _logged_step(self) -> int | None:
+        """The step up to which the trial's log holds its reports (a pack: its members' least)."""
+        folder = self._record_dir()
+        return None if folder is None else last_step(folder / RESULT_FILE)
 
     def reset_config(self, new_config: dict[str, Any]) -> bool:
         self._build(new_config)

@@ -188,44 +188,32 @@ def test_a_set_of_an_axis_is_recorded_and_a_variant_keeps_its_own():
     assert grid.apply_settings({"loss": "infonce"}, "--set", axes_win=False) == ["loss"]
 
 
-# ----------------------------------------------------------------------------------------- resume
-def test_resume_with_another_set_is_refused_naming_it(run_dir):
-    done = _cli(
-        "run", "batch_vs_dim", "--scale", "smoke", "--set", "lr=0.5", "--storage", str(run_dir.parent),
-        "--name", run_dir.name, "--resume",
-    )  # fmt: skip
-    line = _refused(done)
-    assert f"--resume: {run_dir} is another run than this command describes: lr: 0.0001 -> 0.5;" in line, line
-    assert "--set was not given, now lr=0.5" in line and "start a new run with another --name" in line, line
+# ----------------------------------------------------------------------------------------- the run's record
+def test_another_set_or_grid_file_makes_new_points_beside_the_run_s_own(run_dir, tmp_path):
+    """Run again into a run (a copy of a real one), the grid as it resolves now decides, point by point: the
+    same grid reuses every trial, a --set lr=0.5 makes four new points, a grid file cut to one point reuses it."""
+    from ablate.service.grids import grid_from_text, known_grids, load_grid
+    from ablate.service.plan import plan_run
+
+    copy = tmp_path / run_dir.name
+    shutil.copytree(run_dir, copy)
+    same = plan_run(load_grid("batch_vs_dim", "smoke"), copy)
+    assert len(same.reused) == 4 and not same.units
+    other = load_grid("batch_vs_dim", "smoke")
+    other.apply_settings({"lr": 0.5}, "--set", axes_win=False)
+    new = plan_run(other, copy)
+    assert len(new.started) == 4 and not set(new.started) & set(same.reused)
+    text = known_grids()["batch_vs_dim"].read_text()
+    one = text.replace("batch_size: [16, 32], latent_dim: [3, 6]", "batch_size: [16], latent_dim: [3]")
+    cut = plan_run(grid_from_text(one, "smoke", tmp_path / "batch_vs_dim.yaml"), copy)
+    assert len(cut.reused) == 1 and cut.reused[0] in same.reused
 
 
-def test_resume_with_a_changed_grid_file_of_the_same_name_is_refused(run_dir, tmp_path):
-    """The grid file now has one trial where the run has four: refused, not "1 trials" then the stored 4."""
-    from ablate.service.grids import known_grids
+def test_the_marker_records_every_point_as_its_params_json(run_dir):
+    from ablate.rundir import RunReader
 
-    edited = tmp_path / "batch_vs_dim.yaml"
-    shutil.copy(known_grids()["batch_vs_dim"], edited)
-    text = edited.read_text()
-    assert "axes: {batch_size: [16, 32], latent_dim: [3, 6]}" in text
-    edited.write_text(text.replace("batch_size: [16, 32], latent_dim: [3, 6]", "batch_size: [16], latent_dim: [3]"))
-    done = _cli(
-        "run", str(edited), "--scale", "smoke", "--storage", str(run_dir.parent), "--name", run_dir.name, "--resume"
-    )
-    line = _refused(done)
-    assert "the run has 4 trials, the grid now resolves to 1" in line, line
-    assert "(not in the grid now: batch_size=16,latent_dim=6,seed=0" in line, line
-
-
-def test_the_marker_records_the_run_exactly(run_dir):
-    """The marker of a real run holds its --set and every resolved trial; the same grid differs in nothing,
-    another --set in exactly that setting."""
-    from ablate.rundir import read_marker
-    from ablate.service.grids import load_grid
-    from ablate.service.same_run import differences
-
-    info = read_marker(run_dir)
-    assert info["settings"] == {} and len(info["resolved"]["trials"]) == 4
-    assert differences(info, load_grid("batch_vs_dim", "smoke")) == []
-    grid = load_grid("batch_vs_dim", "smoke")
-    grid.apply_settings({"max_steps": 20}, "--set", axes_win=False)
-    assert differences(info, grid) == ["max_steps: 10 -> 20", "--set was not given, now max_steps=20"]
+    reader = RunReader(run_dir)
+    points = reader.points()
+    assert len(points) == 4 and reader.disagreeing() == []
+    for trial_id, params in points.items():
+        assert json.loads((run_dir / f"trial_{trial_id}" / "params.json").read_text()) == params

@@ -1,7 +1,7 @@
-"""Each report once, whatever checkpoint a trial resumes from (issue 23, items 2-4): real Ray, real files.
+"""Each report once, whatever checkpoint a trial continues from: real Ray, real files.
 
 A trial that stopped part-way (an injected fault with no retries leaves it ERROR, which --resume continues
-from its checkpoint) or a finished one is damaged on disk: garbage in its latest checkpoint, in both, the
+from its own checkpoint) or a finished one is damaged on disk: garbage in its latest checkpoint, in both, the
 latest checkpoint folder deleted, its result.json cut mid-file. After --resume its export must equal, row for
 row, that of a run never stopped (timing columns aside): no report missing, none repeated, the same numbers.
 """
@@ -14,20 +14,21 @@ from pathlib import Path
 import pytest
 
 from ablate.service.grids import load_grid
-from ablate.service.integrity import CHECKPOINT_FILE, intact_rows, log_problem
+from ablate.service.record import CHECKPOINT_FILE
 from ablate.service.runner import run_grid
+from ablate.trial_log import intact_rows
+from tests.service.faulty import faulty
 
 REPORT_EVERY, MAX_STEPS = 5, 40  # 8 reports
 #: The faulty trial stops during report 6: checkpoints after reports 4 and 5 (steps 20, 25).
-_FAULT = {"at_step": 28, "times": 1}
+_FAULT_STEP = 28
 #: Columns that differ between two runs of the same point by their timing or their bookkeeping only.
 _TIMING = {"trial_id", "status", "time_total_s", "prefetch"}
 
 
-def _grid(**base):
+def _grid():
     grid = load_grid("batch_vs_dim", "smoke")
     grid.axes = {"batch_size": [32], "latent_dim": [3]}
-    grid.base.update(base)
     grid.stop.max_steps = MAX_STEPS
     return grid
 
@@ -40,7 +41,7 @@ def _export(run_dir: Path):
 
 
 def _trial(run_dir: Path) -> Path:
-    (trial,) = run_dir.glob("trial_*")
+    (trial,) = [p for p in run_dir.glob("trial_*") if p.is_dir()]
     return trial
 
 
@@ -58,16 +59,16 @@ def runs(ray_session, tmp_path_factory):
 
 
 def _stopped(root: Path, name: str) -> Path:
-    """The point stopped by a fault during report 6 (ERROR, resumable; the fault fires once per run, as long
-    as the run keeps its name: Ray keeps the trial's working folder, where the fault counts, by that name)."""
-    stopped = run_grid(_grid(fault=_FAULT), storage=str(root), name=name, verbose=0, max_failures=0)
+    """The point stopped by a fault during report 6 (ERROR, resumable; the fault fires once in all)."""
+    trainable = faulty(root / f"{name}-faults", at_step=_FAULT_STEP)
+    stopped = run_grid(_grid(), storage=str(root), name=name, verbose=0, max_failures=0, trainable=trainable)
     assert [t.status for t in stopped.trials] == ["ERROR"]
-    assert [p.name for p in _checkpoints(stopped.run_dir)] == ["checkpoint_000003", "checkpoint_000004"]
+    assert [p.name for p in _checkpoints(stopped.run_dir)] == ["checkpoint_000000020", "checkpoint_000000025"]
     return stopped.run_dir
 
 
-def _resume(run_dir: Path, **base):
-    return run_grid(_grid(**base), storage=str(run_dir.parent), name=run_dir.name, resume=True, verbose=0)
+def _resume(run_dir: Path):
+    return run_grid(_grid(), storage=str(run_dir.parent), name=run_dir.name, resume=True, verbose=0)
 
 
 def _assert_as_never_stopped(run_dir: Path, reference) -> None:
@@ -89,7 +90,7 @@ def test_garbage_in_the_latest_checkpoint_resumes_from_the_earlier_one_without_r
     root, reference = runs
     run_dir = _stopped(root, "garbage_latest")
     (_checkpoints(run_dir)[-1] / CHECKPOINT_FILE).write_bytes(b"garbage")
-    _resume(run_dir, fault=_FAULT)
+    _resume(run_dir)
     _assert_as_never_stopped(run_dir, reference)  # report 5 (step 25) once, numbered 5
 
 
@@ -98,7 +99,7 @@ def test_both_checkpoints_rejected_restarts_at_step_0_and_rewrites_every_report_
     run_dir = _stopped(root, "garbage_both")
     for ckpt in _checkpoints(run_dir):
         (ckpt / CHECKPOINT_FILE).write_bytes(b"garbage")
-    _resume(run_dir, fault=_FAULT)
+    _resume(run_dir)
     _assert_as_never_stopped(run_dir, reference)
 
 
@@ -106,13 +107,11 @@ def test_a_deleted_latest_checkpoint_folder_resumes_from_the_newest_that_exists(
     root, reference = runs
     run_dir = _stopped(root, "deleted_latest")
     shutil.rmtree(_checkpoints(run_dir)[-1])
-    with caplog.at_level("WARNING"):
-        outcome = _resume(run_dir, fault=_FAULT)
-    assert not outcome.failed, [t.error for t in outcome.failed]  # Ray alone: "checkpoint ... does not exist"
+    outcome = _resume(run_dir)
+    assert not outcome.failed, [t.error for t in outcome.failed]
+    assert outcome.plan.continued == [t.trial_id for t in outcome.trials]
     _assert_as_never_stopped(run_dir, reference)
-    # Ray deletes the checkpoints it tracks as new ones come; a missing one made it log a traceback
-    assert "checkpoint_000004 is gone" in caplog.text and "Error handling checkpoint" not in caplog.text
-    assert [p.name for p in _checkpoints(run_dir)] == ["checkpoint_000007", "checkpoint_000008"]
+    assert [p.name for p in _checkpoints(run_dir)] == ["checkpoint_000000035", "checkpoint_000000040"]
 
 
 def _cut_mid_file(run_dir: Path, fraction: float) -> None:
@@ -121,41 +120,44 @@ def _cut_mid_file(run_dir: Path, fraction: float) -> None:
     log.write_bytes(data[: int(len(data) * fraction)])
 
 
-def test_a_result_log_cut_mid_file_in_a_stopped_trial_is_flagged_and_refilled(runs):
+def test_a_result_log_cut_mid_file_in_a_stopped_trial_is_refilled(runs):
     root, reference = runs
     run_dir = _stopped(root, "cut_stopped")
-    _cut_mid_file(run_dir, 0.5)  # reports 1-2 whole, report 3 torn
-    (problem,) = _status(run_dir)["damaged"].values()
-    assert problem == "result.json holds reports 1–2 intact of the 5 Ray recorded", problem
-    _resume(run_dir, fault=_FAULT)
+    _cut_mid_file(run_dir, 0.5)  # reports 1-2 whole, report 3 torn; its checkpoints (20, 25) are ahead of the log
+    info = _status(run_dir)
+    assert info["counts"]["errored"] == 1 and info["damaged"] == {}
+    outcome = _resume(run_dir)  # no checkpoint at step 10: the trial starts again from step 0
+    assert [t.status for t in outcome.trials] == ["TERMINATED"]
     _assert_as_never_stopped(run_dir, reference)
     assert _status(run_dir)["damaged"] == {}
-    assert (run_dir / ".ablate_discarded" / _trial(run_dir).name).is_dir(), "set aside, not deleted"
 
 
-def test_a_result_log_cut_in_a_finished_trial_is_flagged_and_the_trial_reopened(runs):
+def test_a_result_log_cut_in_a_finished_trial_reopens_it(runs):
     root, reference = runs
     run_dir = root / "cut_finished"
     shutil.copytree(root / "clean", run_dir)
     _cut_mid_file(run_dir, 0.6)
     info = _status(run_dir)
-    assert info["counts"]["finished"] == 1
-    (problem,) = info["damaged"].values()
-    assert problem.startswith("result.json holds reports 1–4 intact of the 8 Ray recorded"), problem
+    assert info["counts"]["interrupted"] == 1, info["counts"]  # its log stops short of max_steps
     outcome = _resume(run_dir)
-    assert [t.status for t in outcome.trials] == ["TERMINATED"]
+    assert [t.status for t in outcome.trials] == ["TERMINATED"] and len(outcome.plan.continued) == 1
     _assert_as_never_stopped(run_dir, reference)
     info = _status(run_dir)
     assert info["damaged"] == {} and info["counts"]["finished"] == 1
 
 
-def test_intact_rows_and_log_problem():
+def test_a_finished_run_run_again_reuses_every_trial_without_starting_ray(runs):
+    root, reference = runs
+    outcome = _resume(root / "clean")
+    assert outcome.plan.reused == [t.trial_id for t in outcome.trials] and not outcome.plan.units
+    _assert_as_never_stopped(root / "clean", reference)
+
+
+def test_intact_rows():
     rows = [{"training_iteration": i, "step": 5 * i} for i in (1, 2, 3)]
-    assert intact_rows(rows) == 3 and log_problem(rows, 3) is None
-    assert log_problem(rows, 5) == "result.json holds reports 1–3 intact of the 5 Ray recorded"
+    assert intact_rows(rows) == rows
     gap = [rows[0], rows[2]]
-    assert intact_rows(gap) == 1 and log_problem(gap, 3) == "result.json holds reports 1–1 intact of the 3 Ray recorded"
-    repeated_step = [*rows, {"training_iteration": 4, "step": 15}]  # a replay numbered after the checkpoint Ray had
-    assert intact_rows(repeated_step) == 3
-    assert log_problem(repeated_step, 4) is not None and log_problem(repeated_step, 3) is not None
-    assert intact_rows([]) == 0 and log_problem([], None) is None
+    assert intact_rows(gap) == gap, "a skipped report period is still rising steps"
+    repeated_step = [*rows, {"training_iteration": 4, "step": 15}]
+    assert intact_rows(repeated_step) == rows
+    assert intact_rows([{"step": "x"}, *rows]) == [] and intact_rows([]) == []

@@ -7,6 +7,7 @@ import json
 from ablate.service.grids import load_grid
 from ablate.service.runner import run_grid
 from ablate.service.specs import VariantSpec
+from tests.service.faulty import faulty
 
 
 def _one_trial_grid(**base):
@@ -24,11 +25,15 @@ def _rows(outcome):
 
 def test_trial_that_raises_is_retried_from_its_checkpoint(ray_session, tmp_path):
     clean = run_grid(_one_trial_grid(), storage=str(tmp_path), name="clean", verbose=0)
-    faulty = run_grid(
-        _one_trial_grid(fault={"at_step": 12, "times": 1}), storage=str(tmp_path), name="faulty", verbose=0
+    stopped = run_grid(
+        _one_trial_grid(),
+        storage=str(tmp_path),
+        name="faulty",
+        verbose=0,
+        trainable=faulty(tmp_path / "faults", at_step=12),
     )
-    assert not clean.failed and not faulty.failed, [t.error for t in faulty.failed]
-    clean_rows, faulty_rows = _rows(clean), _rows(faulty)
+    assert not clean.failed and not stopped.failed, [t.error for t in stopped.failed]
+    clean_rows, faulty_rows = _rows(clean), _rows(stopped)
     assert [r["step"] for r in faulty_rows] == [5, 10, 15, 20, 25], "no duplicated or missing iterations"
     for a, b in zip(clean_rows, faulty_rows):
         for key in ("r2", "loss", "mcc", "lambda_hat_0"):
@@ -37,9 +42,9 @@ def test_trial_that_raises_is_retried_from_its_checkpoint(ray_session, tmp_path)
 
 def test_trial_that_keeps_failing_errors_without_taking_others_down(ray_session, tmp_path):
     grid = _one_trial_grid()
-    fault = {"at_step": 7, "times": 10}  # a test-only key, never from a grid file: set without validation
-    grid.variants = [VariantSpec(name="healthy"), VariantSpec.model_construct(name="broken", fault=fault)]
-    outcome = run_grid(grid, storage=str(tmp_path), name="broken", verbose=0, max_failures=1)
+    grid.variants = [VariantSpec(name="healthy"), VariantSpec(name="broken", lr=2e-4)]
+    broken = faulty(tmp_path / "faults", at_step=7, times=10, variant="broken")
+    outcome = run_grid(grid, storage=str(tmp_path), name="broken", verbose=0, max_failures=1, trainable=broken)
     (failed,) = outcome.failed
     assert failed.params["variant"]["name"] == "broken" and "injected fault" in failed.error
     (healthy,) = [t for t in outcome.trials if t.status == "TERMINATED"]
@@ -74,9 +79,9 @@ def test_resume_refusals(tmp_path, capsys):
 
     other = tmp_path / "batch_vs_dim-smoke"
     other.mkdir()
-    (other / "ablate_run.json").write_text('{"grid": "anisotropy", "scale": "smoke"}')
+    (other / "ablate_run.json").write_text('{"grid": "tune_aninfonce", "scale": "smoke", "search": "optuna"}')
     assert cli.main(["run", "batch_vs_dim", "--scale", "smoke", "--storage", storage, "--resume"]) == 2
-    assert "made from grid 'anisotropy'" in capsys.readouterr().err
+    assert "holds an Optuna search of tune_aninfonce; batch_vs_dim is a grid search" in capsys.readouterr().err
 
     foreign = tmp_path / "foreign"
     foreign.mkdir()
@@ -111,7 +116,8 @@ def test_nonfinite_trial_under_optuna_is_recorded_as_failed(ray_session, tmp_pat
         "stop: {max_steps: 15}\nscales: {smoke: {}, laptop: {}, paper: {}}\n"
     )
     outcome = run_grid(load(str(path), "smoke"), storage=str(tmp_path), verbose=0, max_failures=0)
-    assert len(outcome.trials) == 2
+    # both samples draw the one choice: one setting, one trial (the second waited for the first, then failed too)
+    assert len(outcome.trials) == 1
     for t in outcome.trials:
         assert t.status == "ERROR" and "NonFiniteLossError" in (t.error or ""), (t.status, t.error, t.last)
     assert outcome.best_config is None

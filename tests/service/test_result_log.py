@@ -1,17 +1,57 @@
-"""ablate's result log: a trial replayed from an older checkpoint never leaves a duplicated report."""
+"""ablate's result log: one row per report, steps rising, whatever a trial replays from an older checkpoint."""
 
 from __future__ import annotations
 
 import json
 
-from ablate.service.callbacks import _last_logged_iteration, drop_rows_from
+from ablate.service.callbacks import ResultLog
+from ablate.trial_log import append_row, cut_log, finished, intact_rows, last_step, read_rows
 
 
-def test_rows_from_a_replayed_iteration_on_are_dropped(tmp_path):
+def _write(path, rows, torn: str = "") -> None:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + torn)
+
+
+def test_a_torn_last_line_is_skipped_when_read_and_cut_before_the_next_append(tmp_path):
     path = tmp_path / "result.json"
-    rows = [{"training_iteration": i, "step": 5 * i} for i in range(1, 5)]
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"training_iteration": 5, "st')  # torn last line
-    assert _last_logged_iteration(path) == 4
-    drop_rows_from(path, 3)  # the trial resumed from the checkpoint after iteration 2 and reports 3 again
-    assert [json.loads(line)["training_iteration"] for line in path.read_text().splitlines()] == [1, 2]
-    assert _last_logged_iteration(tmp_path / "missing.json") is None
+    _write(path, [{"step": 5}, {"step": 10}], torn='{"step": 1')
+    assert [r["step"] for r in read_rows(path)] == [5, 10] and last_step(path) == 10
+    append_row(path, {"step": 15})
+    assert path.read_text().splitlines() == ['{"step": 5}', '{"step": 10}', '{"step": 15}']
+    assert last_step(tmp_path / "missing.json") is None and read_rows(tmp_path / "missing.json") == []
+
+
+def test_cut_log_keeps_the_intact_rows_it_is_told_to(tmp_path):
+    path = tmp_path / "result.json"
+    _write(path, [{"step": 5}, {"step": 10}, {"step": 15}, {"step": 10}], torn='{"st')
+    kept = cut_log(path, lambda r: r["step"] <= 10)
+    assert [r["step"] for r in kept] == [5, 10] and [r["step"] for r in read_rows(path)] == [5, 10]
+    assert path.read_text().endswith("\n")
+
+
+def test_intact_rows_stop_at_the_first_step_that_does_not_rise():
+    rows = [{"step": 5}, {"step": 10}, {"step": 10}, {"step": 20}]
+    assert intact_rows(rows) == rows[:2] and intact_rows([{"step": None}]) == []
+
+
+def test_finished_reads_the_stop_settings_of_now():
+    rows = [{"step": 10, "r2": 0.5}, {"step": 20, "r2": 0.9}]
+    assert finished(rows, 20) and not finished(rows, 40), "a higher max_steps re-opens a finished trial"
+    assert finished(rows, 40, target_r2=0.85) and not finished(rows, 40, target_r2=0.95)
+    assert not finished([], 10) and not finished([{"step": 5, "r2": float("nan")}], 10, 0.5)
+
+
+def test_a_replayed_report_replaces_the_rows_from_its_step_and_numbers_and_times_run_on(tmp_path):
+    folder = tmp_path / "trial_x"
+    folder.mkdir()
+    _write(
+        folder / "result.json", [{"step": 5 * i, "training_iteration": i, "time_total_s": 1.0 * i} for i in (1, 2, 3)]
+    )
+    log = ResultLog()  # a new driver: the trial continues from its checkpoint at step 10 and reports step 15 again
+    log._append(folder, {"step": 15, "r2": 0.7, "time_total_s": 0.5, "training_iteration": 1})
+    log._append(folder, {"step": 20, "r2": 0.8, "time_total_s": 1.5, "training_iteration": 2})
+    rows = read_rows(folder / "result.json")
+    assert [r["step"] for r in rows] == [5, 10, 15, 20]
+    assert [r["training_iteration"] for r in rows] == [1, 2, 3, 4]
+    assert [r["time_total_s"] for r in rows] == [1.0, 2.0, 2.5, 3.5], "time runs on from the row before"
+    assert rows[2]["r2"] == 0.7 and {r["trial_id"] for r in rows[2:]} == {"x"}

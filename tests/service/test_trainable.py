@@ -31,27 +31,34 @@ def test_trainable_save_restore_round_trip(tmp_path):
         t.stop()
 
 
-def test_corrupt_checkpoint_falls_back_to_the_previous_one(tmp_path, caplog):
+def test_a_trial_continues_from_its_newest_checkpoint_that_loads_and_that_its_log_covers(tmp_path, caplog):
+    """The Trainable writes a checkpoint into its trial folder after each report; a new one (a resumed run, Ray's
+    retry) continues from the newest that loads and whose report is in the log, else from step 0."""
     from ablate.service.trainable import AblateTrainable
+    from ablate.trial_log import append_row
 
     grid = load_grid("batch_vs_dim", "smoke")
+    record = {"dir": str(tmp_path), "id": "t", "keep": 3}
     params = {"grid": "batch_vs_dim", **grid.base, "max_steps": 40, "batch_size": 32, "latent_dim": 3, "seed": 1}
+    params["record"] = record
+    folder = tmp_path / "trial_t"
     t = AblateTrainable(config=params)
-    for i in range(2):
-        t.train()
-        (tmp_path / f"checkpoint_00000{i}").mkdir()
-        t.save_checkpoint(str(tmp_path / f"checkpoint_00000{i}"))
-    damaged = tmp_path / "checkpoint_000001" / CHECKPOINT_FILE
-    damaged.write_bytes(damaged.read_bytes()[:100])  # a torn write
+    for _ in range(3):
+        row = t.train()
+        if row["step"] <= 10:  # the driver logged reports 1-2; it was killed before it logged report 3
+            append_row(folder / "result.json", {"step": row["step"]})
+    t.stop()
+    assert sorted(p.name for p in folder.glob("checkpoint_*")) == [f"checkpoint_{s:09d}" for s in (5, 10, 15)]
     fresh = AblateTrainable(config=params)
-    with caplog.at_level("WARNING", logger="ablate.service.trainable"):
-        fresh.load_checkpoint(str(tmp_path / "checkpoint_000001"))
-    assert fresh.experiment.step == 5, "fell back to the step-5 checkpoint"
-    assert str(damaged) in caplog.text and "earlier checkpoint" in caplog.text
-    (tmp_path / "checkpoint_000000" / CHECKPOINT_FILE).write_bytes(b"garbage")
-    again = AblateTrainable(config=params)
-    with caplog.at_level("WARNING", logger="ablate.service.trainable"):
-        again.load_checkpoint(str(tmp_path / "checkpoint_000001"))
-    assert again.experiment.step == 0 and "restarting from step 0" in caplog.text
-    for x in (t, fresh, again):
-        x.stop()
+    assert fresh.experiment.step == 10, "step 15's report is not in the log: its checkpoint is passed over"
+    fresh.stop()
+    damaged = folder / "checkpoint_000000010" / CHECKPOINT_FILE
+    damaged.write_bytes(damaged.read_bytes()[:100])  # a torn write
+    with caplog.at_level("WARNING", logger="ablate.service.record"):
+        again = AblateTrainable(config=params)
+    assert again.experiment.step == 5 and str(damaged) in caplog.text and "earlier checkpoint" in caplog.text
+    again.stop()
+    (folder / "checkpoint_000000005" / CHECKPOINT_FILE).write_bytes(b"garbage")
+    last = AblateTrainable(config=params)
+    assert last.experiment.step == 0
+    last.stop()

@@ -1,0 +1,13 @@
+"""Tune's settings from its documented environment variables (see :mod:`ablate.ray_compat`)."""
+
+from __future__ import annotations
+
+import os
+
+
+def set_tune_environment(num_cpus: int | None) -> None:
+    """Tune settings read from the environment (Ray Tune's documented env variables), unless already set."""
+    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")  # ablate adds its own result log
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # the classic progress table (CLIReporter)
+    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
+    os.environ.setdefault("TUNE_MAX_PENDING_TRIALS_PG", str(max(4, (num_cpus or os.cpu_count() or 2) * 2)))

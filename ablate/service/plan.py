@@ -1,0 +1,240 @@
+"""What an `ablate run` does to a run directory, decided from ablate's own files before Ray starts.
+
+For each of the grid's points (:func:`grid_points`): its trial finished (at the current ``max_steps`` /
+``target_r2``): reuse it; it has reports: continue it from its newest checkpoint that loads and that its log
+covers, the log cut back to that checkpoint; none: start it. A first run, ``--resume``, more seeds, a new axis
+value, a higher ``max_steps`` or a ``--set`` that makes new points are all the same operation
+(:func:`plan_run`); one fresh Ray Tune experiment then runs :attr:`Plan.units`, the work that remains.
+
+A pack (``--pack``) is one unit of several points; a pack that exists in the run keeps its members, new points
+are packed anew. Nothing Ray wrote is read.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ablate.config import RunConfig
+from ablate.files import atomic_write
+from ablate.rundir import PACK_FILE, PARAMS_FILE, RESULT_FILE, TRIAL_PREFIX
+from ablate.service.costs import costliest_first
+from ablate.service.grids import Grid
+from ablate.service.params import RECORD_KEY, config_from_params
+from ablate.service.record import (
+    ERROR_FILE,
+    drop_checkpoints_after,
+    key_of,
+    member_steps,
+    pack_covered,
+    pack_id,
+    record_id,
+    resume_point,
+    solo_covered,
+)
+from ablate.trial_log import cut_log, finished, intact_rows, read_rows
+
+__all__ = ["Plan", "Point", "RECORD_KEY", "grid_points", "plan_run"]
+
+_log = logging.getLogger("ablate.service.plan")
+
+
+@dataclass
+class Point:
+    """One grid point: its trial id (folder ``trial_<id>``), its settings as params.json holds them, its config."""
+
+    trial_id: str
+    params: dict[str, Any]
+    config: RunConfig
+    label: str
+
+
+@dataclass
+class Plan:
+    """What a run does: the trial ids it reuses, continues and starts, and the units Ray Tune runs."""
+
+    points: list[Point]
+    reused: list[str] = field(default_factory=list)
+    continued: list[str] = field(default_factory=list)
+    started: list[str] = field(default_factory=list)
+    units: list[dict[str, Any]] = field(default_factory=list)
+    kept_packs: int = 0  # packs that exist in the run and keep their members
+
+    def summary(self) -> str:
+        """``N points: a reused, b continued, c started``."""
+        return (
+            f"{len(self.points)} points: {len(self.reused)} reused, {len(self.continued)} continued, "
+            f"{len(self.started)} started"
+        )
+
+
+def grid_points(grid: Grid) -> list[Point]:
+    """The grid's points, costliest first (the order Ray starts them in); points with the same science settings
+    and seed (the same key) once."""
+    shown = grid.axis_names()
+    base = {"grid": grid.name, "scale": grid.scale, **copy.deepcopy(grid.base), **grid.stop.settings()}
+    trials = grid.trials
+    points, seen = [], set()
+    for i in costliest_first([t.config for t in trials]):
+        trial = trials[i]
+        params = {**base, **copy.deepcopy(grid.point_params(trial))}
+        tid = record_id(params, trial.config, shown)
+        if key_of(tid) in seen:
+            continue
+        seen.add(key_of(tid))
+        points.append(Point(tid, params, trial.config, trial.label))
+    return points
+
+
+def _existing(run_dir: Path) -> dict[str, str]:
+    """key → trial id of the trial folders already in the run (a point keeps the folder it was first given)."""
+    out = {}
+    for folder in run_dir.glob(f"{TRIAL_PREFIX}*") if run_dir.is_dir() else []:
+        tid = folder.name.removeprefix(TRIAL_PREFIX)
+        if folder.is_dir() and not tid.startswith("pack-"):
+            out.setdefault(key_of(tid), tid)
+    return out
+
+
+def _rows(run_dir: Path, trial_id: str) -> list[dict[str, Any]]:
+    return intact_rows(read_rows(run_dir / f"{TRIAL_PREFIX}{trial_id}" / RESULT_FILE))
+
+
+def _done(point: Point, rows: list[dict[str, Any]]) -> bool:
+    """Finished at the point's stop settings, or a pack member whose loss went non-finite (it stays failed)."""
+    return finished(rows, point.config.max_steps, point.config.target_r2) or bool(rows and rows[-1].get("member_error"))
+
+
+def _write_params(run_dir: Path, point: Point) -> None:
+    folder = run_dir / f"{TRIAL_PREFIX}{point.trial_id}"
+    folder.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(point.params, indent=2, sort_keys=True)
+    atomic_write(folder / PARAMS_FILE, lambda p: p.write_text(text))
+    (folder / ERROR_FILE).unlink(missing_ok=True)
+
+
+def _unit(point: Point, record: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in point.params.items() if k not in ("grid", "scale")} | {RECORD_KEY: record}
+
+
+def plan_run(grid: Grid, run_dir: str | Path, *, pack: int = 1, keep: int = 2) -> Plan:
+    """Decide, from the run directory's files, what running ``grid`` into it does; write each point's params.json,
+    cut the logs of the trials that continue back to their checkpoint, and return the :class:`Plan`.
+
+    ``pack`` > 1: the points that remain train in packs of up to ``pack`` points (packs already in the run keep
+    their members). ``keep``: checkpoints each trial keeps.
+    """
+    run_dir = Path(run_dir)
+    existing = _existing(run_dir)
+    points = grid_points(grid)
+    for p in points:  # a point first recorded under another readable name keeps its folder
+        p.trial_id = existing.get(key_of(p.trial_id), p.trial_id)
+    plan = Plan(points)
+    todo: list[Point] = []
+    for p in points:
+        rows = _rows(run_dir, p.trial_id)
+        if _done(p, rows):
+            plan.reused.append(p.trial_id)
+            continue
+        _write_params(run_dir, p)
+        (plan.continued if rows else plan.started).append(p.trial_id)
+        todo.append(p)
+    record = {"dir": str(run_dir), "keep": keep}
+    if pack > 1:
+        _plan_packs(plan, todo, run_dir, pack, record)
+        return plan
+    for p in todo:
+        _continue_solo(run_dir, p)
+        plan.units.append(_unit(p, {**record, "id": p.trial_id}))
+    return plan
+
+
+def _continue_solo(run_dir: Path, point: Point) -> None:
+    """Cut a trial's log back to the checkpoint it continues from (all of it without one), drop the checkpoints
+    past it; say when reports are run again."""
+    folder = run_dir / f"{TRIAL_PREFIX}{point.trial_id}"
+    rows = read_rows(folder / RESULT_FILE)
+    state = resume_point(folder, solo_covered(rows))
+    step = state["step"] if state is not None else 0
+    kept = cut_log(folder / RESULT_FILE, lambda r: r["step"] <= step)
+    drop_checkpoints_after(folder, step if state is not None else None)
+    if len(kept) < len(rows):
+        _log.warning(
+            "%s: continues from step %d; its reports after it (%d) are run again",
+            point.trial_id,
+            step,
+            len(rows) - len(kept),
+        )
+
+
+def _recorded_packs(run_dir: Path) -> dict[str, list[str]]:
+    """pack id → its members' trial ids, from the pack folders already in the run."""
+    out = {}
+    for folder in sorted(run_dir.glob(f"{TRIAL_PREFIX}pack-*")) if run_dir.is_dir() else []:
+        try:
+            members = json.loads((folder / PACK_FILE).read_text())["members"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if isinstance(members, list) and all(isinstance(m, str) for m in members):
+            out[folder.name.removeprefix(TRIAL_PREFIX)] = members
+    return out
+
+
+def _plan_packs(plan: Plan, todo: list[Point], run_dir: Path, size: int, record: dict[str, Any]) -> None:
+    """Packs in the run that hold a point to train continue with their members; the other points are packed anew."""
+    from ablate.core.pack_fields import pack_groups
+
+    by_id = {p.trial_id: p for p in plan.points}
+    waiting = {p.trial_id for p in todo}
+    for pid, members in _recorded_packs(run_dir).items():
+        if not waiting.intersection(members):
+            continue
+        points = [by_id.get(m) or _recorded_point(run_dir, m) for m in members]
+        if any(p is None for p in points):
+            _log.warning("pack %s: a member's params.json is missing; its members are packed anew", pid)
+            continue
+        waiting.difference_update(members)
+        plan.kept_packs += 1
+        _continue_pack(run_dir, pid, points)  # type: ignore[arg-type]
+        plan.units.append(_pack_unit(points, {**record, "id": pid}))  # type: ignore[arg-type]
+    fresh = [p for p in todo if p.trial_id in waiting]
+    for group in pack_groups([p.config for p in fresh], size):
+        points = [fresh[i] for i in group]
+        pid = pack_id([p.trial_id for p in points])
+        folder = run_dir / f"{TRIAL_PREFIX}{pid}"
+        folder.mkdir(parents=True, exist_ok=True)
+        text = json.dumps({"members": [p.trial_id for p in points]}, indent=2)
+        atomic_write(folder / PACK_FILE, lambda f, t=text: f.write_text(t))
+        _continue_pack(run_dir, pid, points)
+        plan.units.append(_pack_unit(points, {**record, "id": pid}))
+
+
+def _recorded_point(run_dir: Path, trial_id: str) -> Point | None:
+    """A pack member that is not a point of this grid, from its params.json."""
+    try:
+        params = json.loads((run_dir / f"{TRIAL_PREFIX}{trial_id}" / PARAMS_FILE).read_text())
+        return Point(trial_id, params, config_from_params(params, trial_id), trial_id)
+    except (OSError, ValueError):
+        return None
+
+
+def _continue_pack(run_dir: Path, pid: str, points: list[Point]) -> None:
+    """Cut each member's log back to its step in the pack checkpoint the pack continues from."""
+    folder = run_dir / f"{TRIAL_PREFIX}{pid}"
+    logs = [run_dir / f"{TRIAL_PREFIX}{p.trial_id}" / RESULT_FILE for p in points]
+    state = resume_point(folder, pack_covered([read_rows(log) for log in logs]))
+    steps = member_steps(state) if state is not None else [0] * len(points)
+    for log, step in zip(logs, steps):
+        cut_log(log, lambda r, s=step: r["step"] <= s)
+    drop_checkpoints_after(folder, state["step"] if state is not None else None)
+
+
+def _pack_unit(points: list[Point], record: dict[str, Any]) -> dict[str, Any]:
+    members = [
+        {**_unit(p, {"id": p.trial_id}), "grid": p.params.get("grid"), "scale": p.params.get("scale")} for p in points
+    ]
+    return {"pack": members, RECORD_KEY: {**record, "members": [p.trial_id for p in points]}}

@@ -1,0 +1,141 @@
+"""A trial's result log (``trial_<id>/result.json``): one JSON line per report, append-only, read back without Ray.
+
+A resume keeps a log's intact rows (their steps rise), cut back to the checkpoint it continues from; whether a
+trial is finished follows from its last row and its stop settings (:func:`finished`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ablate.files import atomic_write
+
+__all__ = ["append_row", "cut_log", "finished", "intact_rows", "json_text", "last_step", "read_rows"]
+
+
+def json_text(row: dict[str, Any]) -> str:
+    """One JSON line of a report: numpy scalars as numbers, NaN and inf as JSON's NaN/Infinity, the rest as text."""
+    return json.dumps(row, default=_plain)
+
+
+def _plain(value: Any) -> Any:
+    item = getattr(value, "item", None)
+    if callable(item):
+        try:
+            return item()
+        except (TypeError, ValueError):
+            pass
+    tolist = getattr(value, "tolist", None)
+    if callable(tolist):
+        return tolist()
+    return str(value)
+
+
+def read_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """The rows of a result log; a torn or damaged line is skipped."""
+    path = Path(path)
+    rows = []
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
+
+
+def intact_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The leading rows of a log whose steps rise (a report each): what a resume keeps of it."""
+    out: list[dict[str, Any]] = []
+    for row in rows:
+        step = row.get("step")
+        if not isinstance(step, int) or (out and step <= out[-1]["step"]):
+            break
+        out.append(row)
+    return out
+
+
+def _cut_torn_line(path: Path, chunk: int = 1 << 16) -> None:
+    """Drop a last line without its newline (a row a killed writer left half-written); reads only the tail."""
+    with path.open("rb+") as f:
+        end = f.seek(0, os.SEEK_END)
+        if end == 0:
+            return
+        f.seek(end - 1)
+        if f.read(1) == b"\n":
+            return
+        stop = end
+        while stop > 0:
+            start = max(0, stop - chunk)
+            f.seek(start)
+            cut = f.read(stop - start).rfind(b"\n")
+            if cut >= 0:
+                f.truncate(start + cut + 1)
+                return
+            stop = start
+        f.truncate(0)
+
+
+def append_row(path: str | os.PathLike, row: dict[str, Any]) -> None:
+    """Append one JSON line to ``path`` (the file only grows; a torn last line is cut first)."""
+    path = Path(path)
+    if path.exists():
+        _cut_torn_line(path)
+    with path.open("a") as f:
+        f.write(json_text(row) + "\n")
+        f.flush()
+
+
+def cut_log(path: str | os.PathLike, keep: Callable[[dict[str, Any]], bool]) -> list[dict[str, Any]]:
+    """Rewrite a log (atomically) with its intact rows for which ``keep(row)``; return the rows kept."""
+    path = Path(path)
+    rows = intact_rows(read_rows(path))
+    kept = [r for r in rows if keep(r)]
+    if path.exists() and (len(kept) != len(rows) or len(rows) != len(read_rows(path)) or _torn(path)):
+        text = "".join(json_text(r) + "\n" for r in kept)
+        atomic_write(path, lambda p: p.write_text(text))
+    return kept
+
+
+def _torn(path: Path) -> bool:
+    data = path.read_bytes()
+    return bool(data) and not data.endswith(b"\n")
+
+
+def finished(rows: list[dict[str, Any]], max_steps: int, target_r2: float | None = None) -> bool:
+    """Whether a trial whose log holds ``rows`` has nothing left to train at these stop settings: it reached
+    ``max_steps`` or its ``target_r2``. A higher ``max_steps`` than the one it ran with re-opens it."""
+    if not rows:
+        return False
+    last = rows[-1]
+    step = last.get("step")
+    if isinstance(step, int) and step >= max_steps:
+        return True
+    r2 = last.get("r2")
+    return target_r2 is not None and isinstance(r2, int | float) and math.isfinite(r2) and r2 >= target_r2
+
+
+def last_step(path: str | os.PathLike, chunk: int = 1 << 16) -> int | None:
+    """The step of the last whole row of a log (reads only its tail), or None when it holds none."""
+    path = Path(path)
+    if not path.is_file():
+        return None
+    with path.open("rb") as f:
+        end = f.seek(0, os.SEEK_END)
+        f.seek(max(0, end - chunk))
+        tail = f.read()
+    lines = tail.split(b"\n")
+    for line in reversed(lines[:-1] if not tail.endswith(b"\n") else lines):
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict) and isinstance(row.get("step"), int):
+            return row["step"]
+    return None

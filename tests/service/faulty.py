@@ -1,0 +1,60 @@
+"""Test-only Trainables, passed to ``run_grid(trainable=...)`` (the product Trainable has no fault hook):
+:func:`faulty` raises once training passes a step, a given number of times per trial in all (counted in files of a
+folder the test chooses, so the count runs across retries and later runs); :func:`counting` records each
+training. Built inside a function, so Ray's cloudpickle carries the class by value to the trial actors."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+
+class InjectedFault(RuntimeError):
+    """Raised by a :func:`faulty` Trainable."""
+
+
+def faulty(counter_dir: Path, *, at_step: int, times: int = 1, variant: str | None = None, pack: bool = False):
+    """A Trainable class that raises :class:`InjectedFault` when a trial's training passes ``at_step``, ``times``
+    times per trial in all; only in trials of ``variant`` when given."""
+    from ablate.service.pack_trainable import PackTrainable
+    from ablate.service.trainable import AblateTrainable
+
+    base = PackTrainable if pack else AblateTrainable
+    counter_dir = Path(counter_dir)
+    counter_dir.mkdir(parents=True, exist_ok=True)
+
+    class Faulty(base):
+        def step(self):
+            step = self.experiment.step
+            n = min(self.run_config.report_every, self.run_config.max_steps - step)
+            chosen = variant is None or (self.params.get("variant") or {}).get("name") == variant
+            if chosen and step < at_step <= step + n:
+                point = json.dumps(self.params, sort_keys=True, default=str)
+                counter = counter_dir / hashlib.sha256(point.encode()).hexdigest()[:16]
+                fired = int(counter.read_text()) if counter.exists() else 0
+                if fired < times:
+                    counter.write_text(str(fired + 1))
+                    raise InjectedFault(f"injected fault at step {at_step} ({fired + 1} of {times})")
+            return super().step()
+
+    return Faulty
+
+
+def counting(log: Path, *, pack: bool = False):
+    """A Trainable class that appends its trial's record id to ``log`` each time it is built (a trial trained,
+    started or continued), so a test counts trainings, not folders."""
+    from ablate.service.pack_trainable import PackTrainable
+    from ablate.service.record import record_of
+    from ablate.service.trainable import AblateTrainable
+
+    base = PackTrainable if pack else AblateTrainable
+    log = Path(log)
+
+    class Counting(base):
+        def _build(self, config):
+            super()._build(config)
+            with log.open("a") as f:
+                f.write(f"{record_of(config)['id']} {self.experiment.step}\n")
+
+    return Counting
