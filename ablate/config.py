@@ -18,7 +18,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 __all__ = [
+    "ALIAS_LIMIT",
+    "DEPTH_LIMIT",
+    "QUOTE_LIMIT",
     "did_you_mean",
+    "quote",
     "unknown_setting",
     "ConfigError",
     "LOSS_NAMES",
@@ -29,6 +33,8 @@ __all__ = [
     "parse_assignments",
     "resolve_concentration",
     "yaml_loader",
+    "yaml_refusal",
+    "YamlRefused",
 ]
 
 #: The loss names a config may use (``RunConfig.loss``), defined here only: the loss registry
@@ -55,10 +61,49 @@ class ConfigError(ValueError):
     """A configuration value is invalid; the message names the field and what is allowed."""
 
 
+#: The most characters of a value that an error message quotes; a longer one is cut and ends in '…'.
+QUOTE_LIMIT = 200
+
+
+def _small(value: Any, limit: int) -> bool:
+    """Whether ``value``'s repr is surely short: at most ``limit`` strings, numbers and items, and characters."""
+    stack, budget = [value], limit
+    while stack:
+        item = stack.pop()
+        budget -= len(item) if isinstance(item, str | bytes) else 1
+        if budget < 0:
+            return False
+        if isinstance(item, dict):
+            stack += [*item.keys(), *item.values()]
+        elif isinstance(item, list | tuple | set | frozenset):
+            stack += item
+    return True
+
+
+def quote(value: Any, limit: int = QUOTE_LIMIT) -> str:
+    """``repr(value)`` for an error message, at most ``limit`` characters (a longer one ends in '…'): a value
+    written in a spec may be any size, and one error line should stay one line."""
+    if isinstance(value, str | bytes):
+        text = repr(value[:limit])
+    elif _small(value, limit):
+        text = repr(value)
+    else:  # never build the whole repr of a huge value (a list of a million items, one shared list many times)
+        import reprlib
+
+        short = reprlib.Repr()
+        short.maxlevel, short.maxstring, short.maxlong, short.maxother = 6, limit, limit, limit
+        for kind in ("maxtuple", "maxlist", "maxarray", "maxdict", "maxset", "maxfrozenset", "maxdeque"):
+            setattr(short, kind, 20)
+        text = short.repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def did_you_mean(word: str, choices) -> str:
     """`` (did you mean 'x'?)`` for the closest of ``choices`` to a misspelt ``word``, or an empty string."""
     import difflib
 
+    if len(str(word)) > 100:  # no spec key or value of ablate's is that long; difflib would take its time
+        return ""
     close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
@@ -71,14 +116,14 @@ def unknown_setting(key: str) -> str:
 def resolve_concentration(spec: ConcentrationSpec, d: int, field: str = "concentration") -> list[float]:
     """Expand a Λ spec (number, list, ``"a/b"``, ``{"blocks": [...]}``, ``{"linspace": [lo, hi]}``) to d values."""
     if isinstance(spec, bool):
-        raise ConfigError(f"{field}: expected a number, a list of {d} numbers or a pattern, got {spec!r}")
+        raise ConfigError(f"{field}: expected a number, a list of {d} numbers or a pattern, got {quote(spec)}")
     if isinstance(spec, int | float):
         values = [float(spec)] * d
     elif isinstance(spec, str):
         try:
             blocks = [float(p) for p in spec.split("/")]
         except ValueError:
-            raise ConfigError(f"{field}: pattern {spec!r} is not of the form 'a/b[/c…]' (e.g. '5/25')") from None
+            raise ConfigError(f"{field}: pattern {quote(spec)} is not of the form 'a/b[/c…]' (e.g. '5/25')") from None
         values = _blocks(blocks, d, field)
     elif isinstance(spec, list):
         if len(spec) != d:
@@ -90,13 +135,15 @@ def resolve_concentration(spec: ConcentrationSpec, d: int, field: str = "concent
         elif set(spec) == {"linspace"}:
             lo_hi = spec["linspace"]
             if len(lo_hi) != 2:
-                raise ConfigError(f"{field}.linspace: expected [low, high], got {lo_hi!r}")
+                raise ConfigError(f"{field}.linspace: expected [low, high], got {quote(lo_hi)}")
             lo, hi = float(lo_hi[0]), float(lo_hi[1])
             values = [lo + (hi - lo) * i / (d - 1) for i in range(d)]
         else:
-            raise ConfigError(f"{field}: unknown pattern keys {sorted(spec)}; allowed: 'blocks' or 'linspace'")
+            raise ConfigError(
+                f"{field}: unknown pattern keys {quote(sorted(map(str, spec)))}; allowed: 'blocks' or 'linspace'"
+            )
     else:
-        raise ConfigError(f"{field}: expected a number, a list of {d} numbers or a pattern, got {spec!r}")
+        raise ConfigError(f"{field}: expected a number, a list of {d} numbers or a pattern, got {quote(spec)}")
     bad = [v for v in values if not v > 0]
     if bad:
         raise ConfigError(f"{field}: Λ must be > 0 in every dimension, got {bad[0]:g}")
@@ -325,7 +372,7 @@ def _describe(exc: ValidationError) -> str:
         if err["type"] == "extra_forbidden" or loc == "config":
             parts.append(msg if loc == "config" else f"{loc}: {msg}")
         else:
-            parts.append(f"{loc}: {msg} (got {err.get('input')!r})")
+            parts.append(f"{loc}: {msg} (got {quote(err.get('input'))})")
     return "; ".join(parts)
 
 
@@ -338,19 +385,97 @@ def parse_assignments(items: list[str]) -> dict[str, Any]:
     for item in items:
         key, sep, raw = item.partition("=")
         if not sep or not key:
-            raise ConfigError(f"--set {item!r}: expected key=value")
-        out[key.strip()] = yaml.load(raw, Loader=loader)  # noqa: S506 (a SafeLoader subclass)
+            raise ConfigError(f"--set {quote(item)}: expected key=value")
+        try:
+            out[key.strip()] = yaml.load(raw, Loader=loader)  # noqa: S506 (a SafeLoader subclass)
+        except (YamlRefused, RecursionError) as exc:
+            raise ConfigError(f"--set {quote(key.strip())}: refused: {yaml_refusal(exc)}") from None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"--set {quote(key.strip())}: not a YAML value: {getattr(exc, 'problem', exc)}") from None
     return out
 
 
+#: How much YAML aliases (``*name``) may add to a spec beyond what its text holds: values plus characters of the
+#: text values they repeat. A grid that shares a list between scales adds a few hundred; nine levels of nine
+#: aliases each (the "billion laughs") would add billions, and every message or `ablate show` would print them.
+ALIAS_LIMIT = 100_000
+#: How deeply YAML may nest lists and mappings (a spec nests at most a few levels).
+DEPTH_LIMIT = 100
+
+
+class YamlRefused(ValueError):
+    """YAML that parses but that ablate refuses to build: aliases that expand past :data:`ALIAS_LIMIT` (an
+    alias bomb), an alias inside the value it names, or lists and mappings nested deeper than
+    :data:`DEPTH_LIMIT`. The message says which, without the file's name."""
+
+
+def yaml_refusal(exc: BaseException) -> str:
+    """What to say about YAML that :func:`yaml_loader` refused (a YamlRefused, or the RecursionError of nesting
+    too deep for PyYAML's composer, which recurses)."""
+    return str(exc) if isinstance(exc, YamlRefused) else f"lists and mappings nest deeper than {DEPTH_LIMIT} levels"
+
+
+def _check_expansion(root: Any) -> None:
+    """Raise :class:`YamlRefused` unless the composed YAML ``root`` is a plain tree once aliases are expanded, at
+    most :data:`DEPTH_LIMIT` deep and at most :data:`ALIAS_LIMIT` larger than its nodes counted once each.
+
+    An alias is the very node it names, so one pass over the distinct nodes (each one's expanded size and depth
+    from its children's) measures the expansion without building it."""
+    import yaml
+
+    def children(node: Any) -> list[Any]:
+        if isinstance(node, yaml.MappingNode):
+            return [part for pair in node.value for part in pair]
+        return list(node.value) if isinstance(node, yaml.SequenceNode) else []
+
+    def own(node: Any) -> int:
+        return 1 + len(node.value) if isinstance(node, yaml.ScalarNode) else 1
+
+    size: dict[int, int] = {}  # id(node) -> its size with every alias in it expanded
+    depth: dict[int, int] = {}
+    open_: set[int] = set()  # nodes whose children are being measured: the path from the root
+    written = 0  # every node once, as the text holds it
+    stack: list[tuple[Any, bool]] = [(root, False)]
+    while stack:
+        node, finished = stack.pop()
+        key = id(node)
+        if finished:
+            open_.discard(key)
+            below = children(node)
+            size[key] = own(node) + sum(size[id(c)] for c in below)
+            depth[key] = 1 + max((depth[id(c)] for c in below), default=0)
+            if depth[key] > DEPTH_LIMIT:
+                raise YamlRefused(f"lists and mappings nest deeper than {DEPTH_LIMIT} levels")
+            continue
+        if key in size:
+            continue
+        if key in open_:
+            line = node.start_mark.line + 1 if node.start_mark else "?"
+            raise YamlRefused(f"the value anchored at line {line} holds an alias (*name) of itself")
+        open_.add(key)
+        written += own(node)
+        stack.append((node, True))
+        stack += [(c, False) for c in children(node)]
+    if size[id(root)] - written > ALIAS_LIMIT:
+        raise YamlRefused(
+            f"its aliases (*name) expand it by more than {ALIAS_LIMIT:,} values and characters "
+            "(an alias bomb?); write the repeated values out"
+        )
+
+
 def yaml_loader() -> type:
-    """PyYAML's SafeLoader, but reading exponent floats without a dot (``1e-3``, YAML 1.2) as numbers."""
+    """PyYAML's SafeLoader, but reading exponent floats without a dot (``1e-3``, YAML 1.2) as numbers, and
+    refusing (:class:`YamlRefused`) a document whose aliases would expand it past :data:`ALIAS_LIMIT`, that
+    holds an alias of a value inside that value, or that nests deeper than :data:`DEPTH_LIMIT`, before it is
+    built."""
     import re
 
     import yaml
 
     class Loader(yaml.SafeLoader):
-        pass
+        def construct_document(self, node: Any) -> Any:
+            _check_expansion(node)
+            return super().construct_document(node)
 
     Loader.add_implicit_resolver(
         "tag:yaml.org,2002:float",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -10,7 +11,7 @@ from typing import Any
 
 from ablate.analysis.text import generator_line, lambda_hat_line
 from ablate.analysis.text import text_table as _table
-from ablate.cli.args import add_grid_selection
+from ablate.cli.args import add_grid_selection, check_options
 from ablate.cli.compare import add_compare_parser
 from ablate.cli.run import cmd_run, resume_command
 from ablate.cli.slurm import add_slurm_parser
@@ -158,14 +159,18 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from ablate.analysis.results import export_results
+    from ablate.analysis.results import NothingToExport, export_results
     from ablate.rundir import is_remote
 
     run_dir = args.run_dir
     out = args.out or (
         run_dir.rstrip("/") + "/results.csv" if is_remote(run_dir) else str(Path(run_dir) / "results.csv")
     )
-    print(f"wrote {export_results(args.run_dir, out)}")
+    try:
+        print(f"wrote {export_results(args.run_dir, out)}")
+    except NothingToExport as exc:  # a run that started but has no report: say so, exit 1, write no empty table
+        print(f"ablate: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -271,7 +276,8 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--dashboard", help="a dashboard spec YAML (default: ablate/dashboards/<grid>.yaml)")
     rp.set_defaults(func=cmd_report)
 
-    ex = sub.add_parser("export", help="write a run's results table as CSV or Parquet")
+    about = "write a run's results table as CSV or Parquet (exit 1, writing nothing, while no trial has reported)"
+    ex = sub.add_parser("export", help=about, description=about[0].upper() + about[1:] + ".")
     ex.add_argument("run_dir")
     ex.add_argument("--out", help="FILE.csv or FILE.parquet (default: RUN_DIR/results.csv)")
     ex.set_defaults(func=cmd_export)
@@ -291,21 +297,63 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+#: The most characters of one line of an error message; a longer line keeps its start and end (the file and
+#: what is wrong) around '…'. Spec errors quote values cut short already; this also bounds everything else.
+ERROR_LINE_LIMIT = 2000
+
+
+def error_text(exc: BaseException) -> str:
+    """``str(exc)`` with every line longer than :data:`ERROR_LINE_LIMIT` cut in its middle."""
+    head, tail = ERROR_LINE_LIMIT * 3 // 4, ERROR_LINE_LIMIT // 4
+    lines = str(exc).splitlines() or [""]
+    return "\n".join(
+        f"{line[:head]} … ({len(line) - head - tail:,} characters left out) … {line[-tail:]}"
+        if len(line) > ERROR_LINE_LIMIT
+        else line
+        for line in lines
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the `ablate` console script."""
+    """Entry point of the `ablate` console script.
+
+    A reader that stops reading (``ablate status RUN | head -1``) ends the command quietly with exit 141, as a
+    shell reports a command a closed pipe (SIGPIPE) stopped: no BrokenPipeError traceback."""
+    try:
+        code = _main(argv)
+        sys.stdout.flush()  # now, not at exit, where a reader that has gone could only be reported, not caught
+        return code
+    except BrokenPipeError:
+        _stdout_to_devnull()
+        return 141
+
+
+def _stdout_to_devnull() -> None:
+    """Point stdout at /dev/null, so that Python's last flush at exit does not fail on the closed pipe again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # stdout is no real file (a test's capture): nothing is flushed to a pipe
+        pass
+
+
+def _main(argv: list[str] | None) -> int:
     from ablate.core.dgp import LowAcceptanceError
     from ablate.rundir import RunError, WriteError
     from ablate.service.grids import GridError
     from ablate.service.presets import PresetError
 
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    check_options(parser, args)  # --cpus-per-trial 0, --name '', …: exit 2 before anything is written
     try:
         return int(args.func(args) or 0)
     except WriteError as exc:  # a full disk, a read-only --out: what could not be written, and why
-        print(f"ablate: error: {exc}", file=sys.stderr)
+        print(f"ablate: error: {error_text(exc)}", file=sys.stderr)
         return 1
     except (ConfigError, GridError, PresetError, RunError, LowAcceptanceError) as exc:
-        print(f"ablate: error: {exc}", file=sys.stderr)
+        print(f"ablate: error: {error_text(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:  # a second Ctrl-C (or SIGTERM: ray_compat.Terminated) stops at once
         from ablate.ray_compat import Terminated

@@ -19,7 +19,16 @@ from typing import Annotated, Any, Union, get_args, get_origin
 from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, create_model
 from pydantic.fields import FieldInfo
 
-from ablate.config import RunConfig, did_you_mean, unknown_setting, yaml_loader
+from ablate.config import (
+    QUOTE_LIMIT,
+    RunConfig,
+    YamlRefused,
+    did_you_mean,
+    quote,
+    unknown_setting,
+    yaml_loader,
+    yaml_refusal,
+)
 from ablate.files import read_file_text
 
 __all__ = ["SettingName", "Settings", "Spec", "parse_spec", "partial", "read_yaml", "spec_error"]
@@ -37,6 +46,7 @@ _TYPE_WORDS = {
 _SKIP = ("function-", "model-", "[key]")
 _CUSTOM = ("distribution",)  # custom error types whose message says what is allowed
 _BOUNDS = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}
+_MAX_PROBLEMS = 10  # problems one error line names; it counts the others
 
 
 class Spec(BaseModel):
@@ -60,7 +70,10 @@ Settings = dict[SettingName, Any]
 def read_yaml(source: str | os.PathLike, error: type[Exception], *, text: str | None = None) -> dict[str, Any]:
     """Safe-load a YAML mapping from the file ``source`` (or from ``text``, named ``source`` in errors).
 
-    Malformed YAML raises ``error`` naming the file, line and column; a top level that is not a mapping too.
+    Malformed YAML raises ``error`` naming the file, line and column; a top level that is not a mapping too, and
+    YAML whose aliases would expand it past :data:`ablate.config.ALIAS_LIMIT` (an alias bomb: nine levels of nine
+    aliases are a few hundred bytes of text and billions of values), that holds an alias inside the value it
+    names, or that nests deeper than :data:`ablate.config.DEPTH_LIMIT`: one line each, before anything is built.
     """
     import yaml
 
@@ -75,6 +88,8 @@ def read_yaml(source: str | os.PathLike, error: type[Exception], *, text: str | 
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
         raise error(f"{source}: malformed YAML at {where}: {getattr(exc, 'problem', exc)}") from None
+    except (YamlRefused, RecursionError) as exc:
+        raise error(f"{source}: refused: {yaml_refusal(exc)}") from None
     if not isinstance(data, dict):
         raise error(f"{source}: the top level must be a mapping of keys")
     return data
@@ -195,35 +210,44 @@ def _message(err: dict[str, Any], place: _Place) -> str:
         return f"unknown key{where}{did_you_mean(key, allowed)}; allowed: {_allowed(allowed)}"
     if kind == "literal_error":
         allowed = [a.strip().strip("'") for a in re.split(r",| or ", ctx["expected"])]
-        return f"{value!r} is not allowed{did_you_mean(value, allowed)}; allowed: {_allowed(allowed)}"
+        return f"{quote(value)} is not allowed{did_you_mean(value, allowed)}; allowed: {_allowed(allowed)}"
     if kind in _BOUNDS:
         limit = next(iter(ctx.values()))
         limit = f"{limit:g}" if isinstance(limit, float) else limit
         noun = "an integer" if isinstance(value, int) and isinstance(limit, int) else "a number"
         extra = place.field.json_schema_extra if place.field is not None else None
         noun += f" of {extra['unit']}" if isinstance(extra, dict) and "unit" in extra else ""
-        return f"must be {noun} {_BOUNDS[kind]} {limit}{about}, got {value!r}"
+        return f"must be {noun} {_BOUNDS[kind]} {limit}{about}, got {quote(value)}"
     if kind == "string_too_short" and ctx.get("min_length") == 1:
-        return f"expected a non-empty string{about}, got {value!r}"
+        return f"expected a non-empty string{about}, got {quote(value)}"
     if kind == "too_short" and ctx.get("min_length") == 1:
-        return f"expected a non-empty {'mapping' if isinstance(value, dict) else 'list'}{about}, got {value!r}"
+        return f"expected a non-empty {'mapping' if isinstance(value, dict) else 'list'}{about}, got {quote(value)}"
     if kind in ("too_short", "too_long"):
         bound = "at least" if kind == "too_short" else "at most"
         n = ctx.get("min_length", ctx.get("max_length"))
-        return f"takes {bound} {n} item{'s' * (n != 1)}{about}, got {value!r}"
+        return f"takes {bound} {n} item{'s' * (n != 1)}{about}, got {quote(value)}"
     word = next((w for k, w in _TYPE_WORDS.items() if kind.startswith(k)), None)
     if word:
-        return f"expected {word}{about}, got {value!r}"
+        return f"expected {word}{about}, got {quote(value)}"
     if kind in _CUSTOM:  # a message written for this case (e.g. the distributions a search space takes)
-        return f"{err['msg']}, got {value!r}"
-    return f"{err['msg']}{about} (got {value!r})"
+        return f"{err['msg']}, got {quote(value)}"
+    return f"{err['msg']}{about} (got {quote(value)})"
 
 
-def _other_branch(text: str, msgs: list[str], found: dict[str, list[str]]) -> bool:
+def _other_branch(text: str, msgs: list[str], deeper: set[str]) -> bool:
     """Whether the errors at ``text`` only say that a union's other type did not fit (``expected a number``) while
-    another of its types got further into the value: those errors are about the deeper keys."""
-    deeper = any(t.startswith((f"{text}.", f"{text}[")) for t in found if t != text)
-    return deeper and all(m.startswith("expected ") for m in msgs)
+    another of its types got further into the value (``deeper``: the key paths that have an error below them):
+    those errors are about the deeper keys."""
+    return text in deeper and all(m.startswith("expected ") for m in msgs)
+
+
+def _above(text: str) -> list[str]:
+    """The key paths above ``text`` (``a``, ``a.b`` for ``a.b[0]``; the top level, "", for ``[0]``)."""
+    return [text[:i] for i, c in enumerate(text) if c in ".["]
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def spec_error(
@@ -242,14 +266,20 @@ def spec_error(
         else:
             text = place.text
         found.setdefault(text, []).append(msg)
+    deeper = {above for text in found for above in _above(text)}
     parts = []
     for text, msgs in found.items():
-        if _other_branch(text, msgs, found):
+        if _other_branch(text, msgs, deeper):
             continue
         kinds = [m.split(", got ")[0] for m in msgs]
         if len(msgs) > 1 and all(k.startswith("expected ") for k in kinds):  # a union's types: one message
             about = kinds[0][kinds[0].rfind(" (") :] if kinds[0].endswith(")") else ""
             words = [k.removeprefix("expected ").removesuffix(about) for k in kinds]
             msgs = [f"expected {' or '.join(dict.fromkeys(words))}{about}, got {msgs[0].split(', got ')[-1]}"]
-        parts += [f"{text}: {m}" if text else m for m in dict.fromkeys(msgs)]
+        # a key's text and a message are cut too: a validator's own message may quote a value whole
+        text = _cut(text, QUOTE_LIMIT)
+        parts += [_cut(f"{text}: {m}" if text else m, 10 * QUOTE_LIMIT) for m in dict.fromkeys(msgs)]
+    more = len(parts) - _MAX_PROBLEMS
+    if more > 0:
+        parts = [*parts[:_MAX_PROBLEMS], f"and {more} more problem{'s' * (more != 1)}"]
     return error(f"{source}: " + "; ".join(parts))
