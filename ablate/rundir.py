@@ -13,6 +13,7 @@ Layout of a run directory::
     trial_<id>/result.json     one JSON line per report (RESULT_FILE)
     trial_<id>/checkpoint_<step>/state.pt   the trial's own checkpoints (ablate.service.record)
     trial_<id>/error.json      the last error of a trial that failed for good (ERROR_FILE)
+    trial_<id>/stopped.json    a search's trial its scheduler stopped early (STOPPED_FILE)
     best_config.json           an Optuna grid's best setting (BEST_CONFIG_FILE)
     optuna.db                  an Optuna grid's study (OPTUNA_DB, SQLite)
     report.html                the report (REPORT_FILE)
@@ -50,7 +51,7 @@ __all__ = [
     "REPORT_FILE",
     "RESULT_FILE",
     "RUN_MARKER",
-    "SIGNATURES_FILE",
+    "STOPPED_FILE",
     "TRIAL_PREFIX",
     "RunError",
     "RunReader",
@@ -71,10 +72,6 @@ __all__ = [
 
 #: The marker ablate writes first into every run directory.
 RUN_MARKER = "ablate_run.json"
-#: A second copy of the marker. After a resume, Ray's storage sync copies its staging folder (a copy of the run
-#: directory, marker included) over the run directory file by file, not atomically: a kill in that moment can
-#: tear one file, never both copies.
-RUN_MARKER_BACKUP = "ablate_run.backup.json"
 #: The marker's ``created`` time: local time with its UTC offset (``time.strftime`` / ``datetime.strptime``).
 MARKER_TIME_FORMAT = "%Y-%m-%dT%H:%M:%S%z"
 #: A trial's settings, written once when it starts.
@@ -100,15 +97,12 @@ PACK_FILE = "pack.json"
 PACK_PREFIX = "trial_pack-"
 #: A trial that failed for good in a driver keeps its last error here (removed when it runs again).
 ERROR_FILE = "error.json"
+#: A search's trial that its scheduler (ASHA) stopped before its stop settings: finished, not interrupted.
+STOPPED_FILE = "stopped.json"
 #: Written when Ctrl-C stopped a run (the trials it stopped, the resume command); removed when --resume starts.
 INTERRUPTED_FILE = "ablate_interrupted.json"
 #: The driver's lock (ablate.pidlock): `ablate run` holds it for its whole life; no lock held = no live driver.
 DRIVER_LOCK = "ablate_driver.lock"
-#: ablate's signatures of the files Ray unpickles on --resume (tuner.pkl, the experiment snapshots): JSON of
-#: file name -> HMAC-SHA256 digests (ablate.signing, ablate.service.trust). Not ``.json``: after a resume Ray
-#: copies every ``.json``/``.pkl`` of the run directory into its staging folder and back at each snapshot,
-#: which would put a stale copy over the one ablate keeps current.
-SIGNATURES_FILE = "ablate_signatures.hmac"
 #: The status ablate shows for a trial that a Ctrl-C stopped before it finished (Ray's snapshot says RUNNING).
 INTERRUPTED = "INTERRUPTED"
 
@@ -273,22 +267,26 @@ class RunReader:
         return [n for n in names if n.removeprefix(TRIAL_PREFIX) in points and n.removeprefix(TRIAL_PREFIX) not in bad]
 
     def points(self) -> dict[str, dict[str, Any]]:
-        """trial id → its settings, as the run marker records every point run into the run ({} for older runs)."""
-        points = self.marker().get("points")
-        return points if isinstance(points, dict) else {}
+        """trial id → its settings, as the run marker records every point run into the run ({} for older runs).
+        Read once per reader."""
+        if getattr(self, "_points", None) is None:
+            points = self.marker().get("points")
+            self._points = points if isinstance(points, dict) else {}
+        return self._points
 
     def disagreeing(self) -> list[str]:
         """Trial ids whose params.json differs from the settings the run marker records for them (edited by hand,
-        or damaged): readers leave them out and say so."""
-        out = []
-        for trial_id, recorded in self.points().items():
-            text = self.read_text(f"{TRIAL_PREFIX}{trial_id}", PARAMS_FILE)
-            if text is not None and _parsed(text) != recorded:
-                out.append(trial_id)
-        return out
+        or damaged): readers leave them out and say so. Read once per reader."""
+        if getattr(self, "_disagreeing", None) is None:
+            self._disagreeing = []
+            for trial_id, recorded in self.points().items():
+                text = self.read_text(f"{TRIAL_PREFIX}{trial_id}", PARAMS_FILE)
+                if text is not None and _parsed(text) != recorded:
+                    self._disagreeing.append(trial_id)
+        return self._disagreeing
 
     def marker(self) -> dict[str, Any]:
-        """The run marker (its backup copy where a kill tore it); refuses a directory ablate did not write."""
+        """The run marker; refuses a directory ablate did not write."""
         text = self.read_text(RUN_MARKER)
         if text is None:
             raise RunError(
@@ -297,9 +295,7 @@ class RunReader:
         try:
             info = json.loads(text)
         except json.JSONDecodeError as exc:
-            info = _parsed(self.read_text(RUN_MARKER_BACKUP))
-            if info is None:
-                raise RunError(f"{self.uri}/{RUN_MARKER}: damaged run marker ({exc}), and no intact backup") from None
+            raise RunError(f"{self.uri}/{RUN_MARKER}: damaged run marker ({exc})") from None
         if not isinstance(info, dict) or "grid" not in info:
             raise RunError(f"{self.uri}/{RUN_MARKER}: not an ablate run marker")
         return info
@@ -319,7 +315,7 @@ class RunReader:
         points = self.points()
         trial_id = trial_dir.removeprefix(TRIAL_PREFIX)
         if trial_id in points:
-            return None if trial_id in self.disagreeing() else points[trial_id]
+            return None if trial_id in set(self.disagreeing()) else points[trial_id]
         text = self.read_text(trial_dir, PARAMS_FILE)
         return _parsed(text) if text else None
 
@@ -349,6 +345,8 @@ class RunReader:
                 status = "TERMINATED"
             elif isinstance(error, dict):
                 status = "ERROR"
+            elif rows and self.read_text(name, STOPPED_FILE) is not None:
+                status = "TERMINATED"
             elif not rows:
                 status = "PENDING"
             else:
@@ -396,9 +394,8 @@ def read_marker(run_dir: str | os.PathLike) -> dict[str, Any]:
 
 
 def write_marker(run_dir: str, info: dict[str, Any]) -> None:
-    """Write the run marker and its backup copy (each atomically on local disk)."""
-    for name in (RUN_MARKER, RUN_MARKER_BACKUP):
-        write_text(f"{run_dir.rstrip('/')}/{name}", json.dumps(info, indent=1))
+    """Write the run marker (atomically on local disk)."""
+    write_text(f"{run_dir.rstrip('/')}/{RUN_MARKER}", json.dumps(info, indent=1))
 
 
 def _parsed(text: str | None) -> Any:

@@ -53,6 +53,7 @@ class Run:
     statuses: dict[str, str]
     ctx: RunContext
     provenance: list[dict[str, Any]] = field(default_factory=list)  # what produced the run (ablate.provenance)
+    left_out: list[str] = field(default_factory=list)  # trials whose params.json disagrees with the run's record
 
     @property
     def name(self) -> str:
@@ -112,9 +113,10 @@ def load_run(run_dir: str | Path) -> Run:
         marker=marker,
         grid=grid,
         params=params,
-        statuses=reader.statuses(),
+        statuses={k: v for k, v in reader.statuses().items() if k not in set(reader.disagreeing())},
         ctx=ctx,
         provenance=reader.provenance(),
+        left_out=reader.disagreeing(),
     )
 
 

@@ -72,6 +72,8 @@ def run_status(run_dir: str | Path) -> dict[str, Any]:
                 "failures": state["failures"],
             }
         )
+    for trial_id in reader.disagreeing():
+        damaged[trial_id] = "params.json disagrees with the run's record of its point: left out of export and report"
     counts["pending"] += max(int(info.get("n_trials", len(rows))) - len(rows), 0)
     order = varying_keys(rows, skip=("trial", "status", "step", "r2", "failures"))  # the axes and the seed
     rows.sort(key=lambda r: [natural_key(r.get(k)) for k in order])

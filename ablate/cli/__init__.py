@@ -225,16 +225,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="grid names (see `ablate list`) or paths to grid YAML files; several run one after another on one Ray",
     )
     add_grid_selection(r)
-    r.add_argument("--storage", default="runs", help="folder or URI (s3://, gs://) holding runs (default: ./runs)")
+    r.add_argument(
+        "--storage", default="runs", help="folder holding runs, local or shared by every node (default: ./runs)"
+    )
     r.add_argument("--address", help="join an existing Ray cluster: auto or ray://host:10001")
     r.add_argument("--cpus-per-trial", type=float, default=1)
     r.add_argument("--gpus-per-trial", type=float, default=0, help="fractions pack trials onto one GPU")
     r.add_argument("--max-concurrent", type=int, help="cap on trials running at once")
-    r.add_argument("--resume", action="store_true", help="continue an interrupted run")
     r.add_argument(
-        "--trust-run-dir",
+        "--resume",
         action="store_true",
-        help="resume a run ablate did not sign with your key (one copied from elsewhere): its pickled files run code",
+        help="continue a run that exists (refused when there is none); without it, the same name continues too",
     )
     r.add_argument("--keep-checkpoints", type=int, default=2)
     r.add_argument("--max-failures", type=int, default=2, help="retries of a failed trial from its checkpoint")

@@ -1,6 +1,6 @@
 """Every place where ablate relies on Ray's behaviour beyond its Python API (environment variables, log messages,
 signal handling), in one package: :mod:`.tune_env` (Tune's settings), :mod:`.control` (stopping, signals, a full
-disk) and :mod:`.cluster` (ray.init, auth, the dashboard; the last three helpers there still reach ``ray._private``).
+disk) and :mod:`.cluster` (ray.init, auth, the dashboard). No ``ray._private`` or ``ray.*._internal`` import; the one private name left is ``ray._raylet.Config``, re-read after ablate sets ``RAY_AUTH_MODE``.
 
 Each function says what it touches and why no public API does the job, so a Ray upgrade is checked here and
 nowhere else. Nothing here imports Ray at import time.

@@ -1,31 +1,27 @@
-"""ray.init's side: the dashboard's URL, token authentication and the clusters running on this machine (Ray 2.60
-internals; see :mod:`ablate.ray_compat`)."""
+"""ray.init's side: the dashboard's URL, token authentication and the clusters running on this machine (see
+:mod:`ablate.ray_compat`)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 
 # ------------------------------------------------------------------ ray.init, auth and the dashboard
-def dashboard_url() -> str | None:
+def dashboard_url(context: Any = None) -> str | None:
     """The dashboard URL of the connected Ray, with ``http://``; None without a dashboard.
 
-    The runtime context has no public dashboard URL in Ray 2.60; ``ray._private.worker.get_dashboard_url`` is
-    what ``ray.init`` itself prints.
-    """
-    import ray
-
-    try:
-        ctx = ray.get_runtime_context()
-        url = ctx.dashboard_url if hasattr(ctx, "dashboard_url") else None
-    except Exception:
-        url = None
-    if not url:
-        try:
-            url = ray._private.worker.get_dashboard_url()  # noqa: SLF001 - see the docstring
-        except Exception:
-            url = None
+    ``ray.init`` returns it (``RayContext.dashboard_url``, public); ablate keeps the last one it saw, because the
+    runtime context of a process that is already connected has none."""
+    global _LAST_DASHBOARD
+    url = getattr(context, "dashboard_url", None) if context is not None else _LAST_DASHBOARD
+    if context is not None:
+        _LAST_DASHBOARD = url
     if url and not url.startswith("http"):
         url = "http://" + url
     return url or None
+
+
+_LAST_DASHBOARD: str | None = None
 
 
 def refresh_auth_config() -> None:
@@ -40,24 +36,26 @@ def refresh_auth_config() -> None:
 
 
 def new_auth_token() -> str:
-    """A new dashboard auth token in Ray's own format
-    (``ray._private.authentication.authentication_token_generator``; 256 random bits as hex in Ray 2.60)."""
-    try:
-        from ray._private.authentication.authentication_token_generator import generate_new_authentication_token
-    except ImportError:  # pragma: no cover - the module moved: the same format
-        import secrets
+    """A new dashboard auth token in Ray's format (256 random bits as hex, as `ray get-auth-token --generate`)."""
+    import secrets
 
-        return secrets.token_hex(32)
-    return generate_new_authentication_token()
+    return secrets.token_hex(32)
 
 
 def live_clusters() -> set[str]:
-    """GCS addresses of the Ray clusters whose processes run on this machine.
+    """GCS addresses of the Ray clusters whose processes run on this machine: each raylet's ``--gcs-address``
+    (what ``ray.init(address="auto")`` follows), read from the process table with psutil, so a stale address file
+    of a stopped cluster is never followed."""
+    import psutil
 
-    ``ray._private.services.find_gcs_addresses`` is what ``ray.init(address="auto")`` uses to find them; ablate
-    calls it directly so a stale address file of a stopped cluster is never followed.
-    """
-    from ray._private.services import find_gcs_addresses
-
-    find_gcs_addresses.cache_clear()
-    return set(find_gcs_addresses())
+    found = set()
+    for proc in psutil.process_iter(["name", "cmdline"]):
+        try:
+            if "raylet" not in (proc.info["name"] or ""):
+                continue
+            for arg in proc.info["cmdline"] or []:
+                if arg.startswith("--gcs-address="):
+                    found.add(arg.split("=", 1)[1])
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found

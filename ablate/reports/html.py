@@ -31,7 +31,7 @@ table { border-collapse: collapse; font-size: 0.88em; margin: 0.5em 0; }
 th, td { border: 1px solid #ddd; padding: 0.2em 0.6em; text-align: left; vertical-align: top; }
 th { background: #f4f4f4; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
 .TERMINATED { color: #070; } .ERROR { color: #b00; font-weight: 600; } .RUNNING { color: #b60; }
-.PENDING, .PAUSED { color: #777; }
+.PENDING, .PAUSED { color: #777; } .warn { color: #b00; }
 details { margin: 0.4em 0; } summary { cursor: pointer; color: #336; }
 pre { background: #f7f7f7; padding: 0.6em; overflow-x: auto; font-size: 0.85em; }
 """
@@ -256,6 +256,13 @@ def render_html(
         + (f" · refreshes every {refresh:g} s" if refresh else "")
         + "</p>",
     ]
+    if run.left_out:
+        out.append(
+            f"<p class='warn'>{len(run.left_out)} trial(s) left out: their params.json disagrees with the run's record "
+            f"of their point (edited by hand?): {html.escape(', '.join(run.left_out[:10]))}"
+            + (" …" if len(run.left_out) > 10 else "")
+            + "</p>"
+        )
     if dashboard.description:
         out.append(f"<p>{html.escape(dashboard.description.strip())}</p>")
     out += ["<h2>Settings</h2>", _settings_html(run), "<h2>Trials</h2>", _html_table(table, status_col="status")]

@@ -9,10 +9,10 @@ from typing import Any
 
 from ray.tune import Callback
 
-from ablate.rundir import PARAMS_FILE, RESULT_FILE, TRIAL_PREFIX, atomic_write
-from ablate.service.params import PACK_KEY, RECORD_KEY, flat_params, pack_members
+from ablate.rundir import PARAMS_FILE, RESULT_FILE, STOPPED_FILE, TRIAL_PREFIX, atomic_write
+from ablate.service.params import PACK_KEY, RECORD_KEY, config_from_params, flat_params, pack_members
 from ablate.service.record import ERROR_FILE, record_of
-from ablate.trial_log import append_row, intact_rows, json_text, read_rows
+from ablate.trial_log import append_row, finished, intact_rows, json_text, read_rows
 
 __all__ = ["ResultLog"]
 
@@ -74,10 +74,23 @@ class ResultLog(Callback):
         for folder in _folders(trial):
             folder.mkdir(parents=True, exist_ok=True)
             (folder / ERROR_FILE).unlink(missing_ok=True)
+            (folder / STOPPED_FILE).unlink(missing_ok=True)
             if not (folder / PARAMS_FILE).exists():  # a search's trial (a grid's points were written by the plan)
                 params = {k: v for k, v in flat_params(trial.config).items() if k != RECORD_KEY}
                 text = json.dumps(params, indent=2, sort_keys=True, default=str)
                 atomic_write(folder / PARAMS_FILE, lambda p, t=text: p.write_text(t))
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        """A trial the scheduler stopped before its stop settings (ASHA in a search): say so beside its log, so
+        it reads as finished, not interrupted."""
+        if pack_members(trial.config):
+            return
+        config = config_from_params(flat_params(trial.config))
+        for folder in _folders(trial):
+            rows = intact_rows(read_rows(folder / RESULT_FILE))
+            if rows and not finished(rows, config.max_steps, config.target_r2):
+                text = json.dumps({"by": "the scheduler", "step": rows[-1]["step"]}, indent=1)
+                atomic_write(folder / STOPPED_FILE, lambda p, t=text: p.write_text(t))
 
     def on_trial_error(self, iteration, trials, trial, **info):
         """A trial that failed for good in this driver: its error beside its log (a resume runs it again)."""

@@ -137,15 +137,15 @@ def init_ray(
         _keep_token_auth(address)
         # workers on the cluster get this package's code and data (they need torch and ray installed)
         kwargs["runtime_env"] = {"py_modules": [str(Path(ablate.__file__).parent)]}
-        ray.init(address=address, **kwargs)
+        context = ray.init(address=address, **kwargs)
     else:
         keep_token_private(create=True)
         # address="local": always a fresh embedded Ray, even if a stale cluster address is on disk
-        ray.init(
+        context = ray.init(
             address="local", num_cpus=num_cpus, include_dashboard=dashboard, dashboard_host=dashboard_host, **kwargs
         )
     keep_token_private()
-    return {"dashboard_url": ray_compat.dashboard_url(), "joined": bool(address)}
+    return {"dashboard_url": ray_compat.dashboard_url(context), "joined": bool(address)}
 
 
 def keep_token_private(create: bool = False, environ: dict[str, str] | None = None) -> Path | None:
@@ -209,7 +209,7 @@ def start_or_find(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> Dashboa
         )
     if live:
         address = next(iter(live))
-        ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+        ctx = ray.init(address=address, logging_level="ERROR", log_to_driver=False)
         started = False
         notes.append(
             f"joined the Ray cluster already running on this machine ({address}); its dashboard settings apply"
@@ -228,7 +228,7 @@ def start_or_find(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> Dashboa
         address = ctx.address_info.get("gcs_address")
         started = True
     keep_token_private()
-    url = ray_compat.dashboard_url()
+    url = ray_compat.dashboard_url(ctx)
     if url and not started and f":{port}" not in url:
         notes.append(f"the running cluster's dashboard is on {url}, not port {port}")
     return DashboardHandle(url=url, started=started, address=address, notes=notes, shutdown=ray.shutdown)

@@ -8,8 +8,10 @@ run whose every file Ray wrote at its root is deleted still resumes to the numbe
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -99,7 +101,7 @@ def _interrupt(argv: list[str], run_dir: Path, rows: int, log: Path) -> None:
 
 def _delete_ray_files(run_dir: Path) -> list[str]:
     """Every file Ray Tune wrote at the run's root: experiment states, tuner.pkl, searcher and variant states."""
-    ours = {"ablate_run.json", "ablate_run.backup.json", "ablate_provenance.jsonl", "ablate_environment.txt"}
+    ours = {"ablate_run.json", "ablate_provenance.jsonl", "ablate_environment.txt"}
     ours |= {"ablate_driver.lock", "ablate_interrupted.json", "optuna.db", "report.html"}
     gone = [p.name for p in run_dir.iterdir() if p.is_file() and p.name not in ours]
     for name in gone:
@@ -122,3 +124,88 @@ def test_an_interrupted_grid_resumes_with_every_file_ray_wrote_deleted(tmp_path)
     a, b = _export(tmp_path / "g"), _export(tmp_path / "clean")
     assert len(a) == 4 * 80
     assert a.drop(columns=["trial_id"]).equals(b.drop(columns=["trial_id"])) and a["trial_id"].equals(b["trial_id"])
+
+
+@pytest.fixture(scope="module")
+def smoke(ray_session, tmp_path_factory) -> Path:
+    from conftest import runs_root, smoke_run
+
+    return smoke_run("batch_vs_dim", runs_root(tmp_path_factory))
+
+
+def test_a_tampered_params_json_is_flagged_and_left_out(smoke, tmp_path, capsys):
+    from ablate import cli
+    from ablate.analysis.status import run_status
+    from ablate.reports.report import write_report
+
+    run_dir = tmp_path / smoke.name
+    shutil.copytree(smoke, run_dir)
+    victim = sorted(p for p in run_dir.glob("trial_*") if p.is_dir())[0]
+    params = json.loads((victim / "params.json").read_text())
+    (victim / "params.json").write_text(json.dumps({**params, "concentration": 12345, "seed": "zero"}))
+    tid = victim.name.removeprefix("trial_")
+    info = run_status(run_dir)
+    assert "disagrees with the run's record" in info["damaged"][tid]
+    row = next(r for r in info["trials"] if r["trial"] == tid)
+    assert row["seed"] == params["seed"], "status shows the record's values, never the edited ones"
+    df = load_results(run_dir)
+    assert tid not in set(df["trial_id"]) and df["trial_id"].nunique() == 3
+    assert "12345" not in df.astype(str).to_string()
+    page = Path(write_report(str(run_dir))).read_text()
+    assert "1 trial(s) left out: their params.json disagrees" in page and tid in page
+    capsys.readouterr()
+    assert cli.main(["compare", str(run_dir), "--by", "batch_size"]) == 0
+    assert "12345" not in capsys.readouterr().out
+
+
+@pytest.mark.ray
+def test_a_pack_member_s_cut_log_is_refilled_on_resume(tmp_path):
+    """A packed run stopped mid-way, one member's result.json cut to 5 rows and half a row: --resume continues
+    the pack from a checkpoint every member's log covers, and the member's export holds every step once."""
+    extra = ("--set", "max_steps=600", "report_every=10", "--pack", "4", "--no-report", "--max-concurrent", "1")
+    argv = smoke_cmd(tmp_path, "--name", "p", *extra)
+    _interrupt(argv, tmp_path / "p", 60, tmp_path / "first.log")
+    logs = sorted(p for p in (tmp_path / "p").glob("trial_*/result.json"))
+    victim = max(logs, key=lambda p: len(p.read_text().splitlines()))
+    lines = victim.read_text().splitlines(keepends=True)
+    assert len(lines) > 6
+    victim.write_text("".join(lines[:5]) + lines[5][: len(lines[5]) // 2])
+    code, text = run_logged([*argv, "--resume"], tmp_path / "resume.log")
+    assert code == 0, text[-3000:]
+    df = load_results(tmp_path / "p")
+    for _, trial in df.groupby("trial_id"):
+        assert trial["step"].tolist() == list(range(10, 601, 10)), trial["step"].tolist()
+    code, status = run_logged([sys.executable, "-m", "ablate.cli", "status", str(tmp_path / "p")], tmp_path / "s.log")
+    assert "finished: 4" in status and "intact" not in status, status
+
+
+@pytest.mark.ray
+def test_a_search_stopped_twice_resumes_to_its_budget_with_optuna_db_and_the_folders_agreeing(tmp_path):
+    import optuna
+
+    argv = [sys.executable, "-m", "ablate.cli", "run", "tune_aninfonce", "--scale", "smoke", "--storage", str(tmp_path)]
+    argv += ["--name", "s", "--set", "max_steps=300", "--max-concurrent", "1", "--no-report"]
+    run_dir = tmp_path / "s"
+    for i, rows in enumerate((8, 30)):
+        _interrupt([*argv, *(["--resume"] if i else [])], run_dir, rows, tmp_path / f"run{i}.log")
+    code, text = run_logged([*argv, "--resume"], tmp_path / "final.log")
+    assert code == 0, text[-3000:]
+    study = optuna.load_study(study_name="tune_aninfonce", storage=f"sqlite:///{run_dir / 'optuna.db'}")
+    closed = set(study.user_attrs.get("ablate_continued", []))
+    trials = study.get_trials(deepcopy=False)
+    counted = [t for t in trials if t.number not in closed]
+    assert len(counted) == 4 and all(t.state.is_finished() for t in trials), [(t.number, t.state) for t in trials]
+    folders = {}
+    for folder in run_dir.glob("trial_*"):
+        if (folder / "params.json").is_file():
+            folders[folder.name] = json.loads((folder / "params.json").read_text())
+    space = ["lr", "lr_lambda", "lr_schedule", "batch_size", "encoder_widths", "report_every"]
+    in_study = {
+        json.dumps([t.params[k] if k != "encoder_widths" else json.loads(t.params[k]) for k in space]) for t in trials
+    }
+    in_folders = {json.dumps([p[k] for k in space]) for p in folders.values()}
+    assert in_folders == in_study, (in_folders, in_study)
+    from ablate.analysis.status import run_status
+
+    info = run_status(run_dir)
+    assert info["counts"]["interrupted"] == 0 and info["counts"]["running"] == 0, info["counts"]
