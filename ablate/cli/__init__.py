@@ -80,10 +80,11 @@ def cmd_show(args: argparse.Namespace) -> int:
     from ablate.service.grids import load_grid
 
     grid = load_grid(args.grid, args.scale)
+    trials = grid.trials  # expanded once: a 10 000-point grid takes a second per expansion
     print(f"grid: {grid.name}  (scale {grid.scale}, file {grid.path})")
     print(f"figure: {grid.figure}")
     print(f"description: {grid.description.strip()}")
-    print(f"search: {grid.search}; trials: {grid.n_trials}; cost: {grid.cost_steps():,} trial-samples")
+    print(f"search: {grid.search}; trials: {grid.n_trials}; cost: {grid.cost_steps(trials):,} trial-samples")
     if grid.scale_preset:
         print(f"preset: {grid.scale_preset} (the {grid.scale} scale starts from it; its own base and stop win)")
     print("base:")
@@ -108,7 +109,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
         print("generator g (one line per distinct g of the grid):")
         seen = set()
-        for trial in grid.trials:
+        for trial in trials:
             cfg = trial.config
             key = (
                 cfg.latent_dim,

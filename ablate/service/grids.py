@@ -37,7 +37,7 @@ from typing import Any
 
 from pydantic import Field
 
-from ablate.config import ConfigError, RunConfig, did_you_mean, unknown_setting
+from ablate.config import ConfigError, RunConfig, did_you_mean, quote, unknown_setting
 from ablate.files import read_file_text
 from ablate.service.costs import costliest_first
 from ablate.service.params import JSON_CHOICES, PACK_KEY, config_from_params
@@ -192,10 +192,11 @@ class Grid(GridSettings, GridAbout):
             n *= len(values)
         return n
 
-    def cost_steps(self) -> int:
-        """Upper bound on training steps × batch size summed over trials (trial-samples)."""
+    def cost_steps(self, trials: list[Trial] | None = None) -> int:
+        """Upper bound on training steps × batch size summed over trials (trial-samples); ``trials``: the grid's
+        trials when already expanded."""
         return (
-            sum(t.config.max_steps * t.config.batch_size for t in self.trials)
+            sum(t.config.max_steps * t.config.batch_size for t in (self.trials if trials is None else trials))
             if self.search == "grid"
             else (self.n_trials * self.stop.max_steps * int(self.base.get("batch_size", 1000)))
         )
@@ -265,7 +266,7 @@ def expand(grid: Grid) -> list[Trial]:
                 params = {**grid.base, **grid.stop.settings(), **point, "seed": seed}
                 if variant is not None:
                     params["variant"] = variant
-                where = f"{grid.path}: scale {grid.scale}, point {point}" + (
+                where = f"{grid.path}: scale {grid.scale}, point {quote(point)}" + (
                     f", variant {variant['name']}" if variant else ""
                 )
                 trials.append(
