@@ -6,8 +6,8 @@ and ``ablate.Experiment`` (pure torch) never imports Ray, Optuna or Plotly:
 - ``ablate.RunConfig``: one run's settings (ablate.config; not Ray's ``tune.RunConfig``);
 - ``ablate.Experiment``: one run without Ray (ablate.core.experiment);
 - ``ablate.dgp``, ``ablate.losses``, ``ablate.metrics``: the maths (ablate.core);
-- ``ablate.load_grid``: a grid YAML at one scale (ablate.service.grids);
-- ``ablate.run_grid``: run a grid through Ray Tune (ablate.service.runner; imports Ray when called).
+- ``ablate.load_grid``: a grid YAML at one scale (ablate.service.specs.grids);
+- ``ablate.run_grid``: run a grid through Ray Tune (ablate.service.execution.runner; imports Ray when called).
 
 Layers (imports run one way): cli → reports → analysis → service → core → config / rundir / shipped / ray_compat.
 """
@@ -27,8 +27,8 @@ _LAZY = {
     "dgp": ("ablate.core.dgp", None),
     "losses": ("ablate.core.losses", None),
     "metrics": ("ablate.core.metrics", None),
-    "load_grid": ("ablate.service.grids", "load_grid"),
-    "run_grid": ("ablate.service.runner", "run_grid"),
+    "load_grid": ("ablate.service.specs.grids", "load_grid"),
+    "run_grid": ("ablate.service.execution.runner", "run_grid"),
 }
 
 __all__ = ["__version__", *_LAZY]

@@ -1,6 +1,6 @@
 """What produced a run: ablate's version and git commit, the Python stack, the machine and the command line.
 
-:func:`collect` describes this process; the runner appends it to ``RUN_DIR/ablate_provenance.jsonl`` when a run
+:func:`collect` describes this process; :func:`record_provenance` appends it to ``RUN_DIR/ablate_provenance.jsonl`` when a run
 starts and at every ``--resume`` (one JSON object per line), and writes the installed distributions (a ``pip freeze``
 of ``importlib.metadata``) beside it. :func:`science_changes` names what changed between two records in a way
 that can change a run's numbers (torch, numpy, ablate's code). Nothing here imports torch's CUDA runtime unless
@@ -10,6 +10,8 @@ torch is already imported, and nothing starts Ray.
 from __future__ import annotations
 
 import importlib.metadata
+import json
+import logging
 import os
 import platform
 import shutil
@@ -19,7 +21,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SCIENCE_KEYS", "collect", "distributions", "science_changes", "summary_line"]
+from ablate.rundir import ENVIRONMENT_FILE, PROVENANCE_FILE, RunReader, atomic_write
+
+__all__ = ["SCIENCE_KEYS", "collect", "distributions", "record_provenance", "science_changes", "summary_line"]
+
+_log = logging.getLogger("ablate.provenance")
 
 #: Versions whose change can change a run's numbers (a resume across one says so before it runs).
 SCIENCE_KEYS = ("ablate", "git_commit", "git_dirty", "torch", "numpy")
@@ -134,3 +140,24 @@ def summary_line(record: dict[str, Any]) -> str:
     )
     stack = ", ".join(f"{k} {record.get(k)}" for k in ("python", "torch", "ray", "numpy") if record.get(k))
     return f"{code}; {stack}; {device} on {record.get('host')}"
+
+
+def record_provenance(run_dir: str, event: str) -> list[str]:
+    """Append this process's provenance to ``RUN_DIR/ablate_provenance.jsonl`` and write the installed
+    distributions beside it; on a resume, warn (and return) what changed since the last record that can change
+    the run's numbers (``torch: 2.13.0 -> 2.14.1``)."""
+    before = RunReader(run_dir).provenance()
+    record = collect(event=event)
+    changes = science_changes(before[-1], record) if before and event == "resume" else []
+    if changes:
+        _log.warning(
+            "--resume: the code that continues this run differs from the code that wrote it (%s); the resumed "
+            "reports may not equal a run that never stopped",
+            "; ".join(changes),
+        )
+    path = Path(run_dir, PROVENANCE_FILE)
+    text = "".join(json.dumps(r) + "\n" for r in [*before, record])
+    atomic_write(path, lambda p: p.write_text(text))
+    env = distributions()
+    atomic_write(Path(run_dir, ENVIRONMENT_FILE), lambda p: p.write_text(env))
+    return changes

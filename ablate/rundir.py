@@ -11,7 +11,7 @@ Layout of a run directory::
     ablate_run.json            the marker (RUN_MARKER)
     trial_<id>/params.json     a trial's settings (PARAMS_FILE), as the marker's ``points`` record them
     trial_<id>/result.json     one JSON line per report (RESULT_FILE)
-    trial_<id>/checkpoint_<step>/state.pt   the trial's own checkpoints (ablate.service.record)
+    trial_<id>/checkpoint_<step>/state.pt   the trial's own checkpoints (ablate.service.records.trial)
     trial_<id>/error.json      the last error of a trial that failed for good (ERROR_FILE)
     trial_<id>/stopped.json    a search's trial its scheduler stopped early (STOPPED_FILE)
     best_config.json           an Optuna grid's best setting (BEST_CONFIG_FILE)
@@ -36,6 +36,7 @@ from typing import Any
 
 from ablate.files import WriteError, atomic_write, sweep_stale_temps  # re-exported: the run directory's writes
 from ablate.pidlock import lock_holder
+from ablate.trial_log import intact_rows, trial_status
 
 __all__ = [
     "BEST_CONFIG_FILE",
@@ -93,7 +94,7 @@ PROVENANCE_FILE = "ablate_provenance.jsonl"
 ENVIRONMENT_FILE = "ablate_environment.txt"
 #: Marks a pack trial's folder (its members' ids and grid points); readers list its members, not the folder.
 PACK_FILE = "pack.json"
-#: A pack's folder is ``trial_pack-<key>`` (ablate.service.record.pack_id).
+#: A pack's folder is ``trial_pack-<key>`` (ablate.service.records.trial.pack_id).
 PACK_PREFIX = "trial_pack-"
 #: A trial that failed for good in a driver keeps its last error here (removed when it runs again).
 ERROR_FILE = "error.json"
@@ -320,13 +321,9 @@ class RunReader:
         return _parsed(text) if text else None
 
     def trial_states(self) -> dict[str, dict[str, Any]]:
-        """trial_id → {status, params, config, failures, iteration, pack} of each point of the run, from ablate's
-        files alone: TERMINATED once its log reaches its stop (``max_steps`` or ``target_r2``), ERROR when a pack
-        member's loss went non-finite or the trial failed for good (``error.json``), PENDING before its first
-        report; otherwise RUNNING while a live driver holds the run's lock (:data:`DRIVER_LOCK`) and no Ctrl-C
-        stopped it, else :data:`INTERRUPTED` (``--resume`` continues it)."""
-        from ablate.trial_log import finished, intact_rows
-
+        """trial_id → {status, params, config, failures, iteration, pack, error} of each point of the run, from
+        ablate's files alone (:func:`ablate.trial_log.trial_status`; a driver is live while it holds the run's lock,
+        :data:`DRIVER_LOCK`, and no Ctrl-C stopped it)."""
         points = self.points() or {n.removeprefix(TRIAL_PREFIX): self.params(n) or {} for n in self.trial_dirs()}
         live = self.fs is None and lock_holder(self._join(DRIVER_LOCK)) is not None
         live = live and self.read_text(INTERRUPTED_FILE) is None
@@ -339,18 +336,8 @@ class RunReader:
             variant = params.get("variant") if isinstance(params.get("variant"), dict) else {}
             max_steps = variant.get("max_steps", params.get("max_steps"))
             target = variant.get("target_r2", params.get("target_r2"))
-            if rows and rows[-1].get("member_error"):
-                status = "ERROR"
-            elif isinstance(max_steps, int) and finished(rows, max_steps, target):
-                status = "TERMINATED"
-            elif isinstance(error, dict):
-                status = "ERROR"
-            elif rows and self.read_text(name, STOPPED_FILE) is not None:
-                status = "TERMINATED"
-            elif not rows:
-                status = "PENDING"
-            else:
-                status = "RUNNING" if live else INTERRUPTED
+            stopped = self.read_text(name, STOPPED_FILE) is not None
+            status = trial_status(rows, max_steps, target, error=isinstance(error, dict), stopped=stopped, live=live)
             out[trial_id] = {
                 "status": status,
                 "params": params,

@@ -15,7 +15,7 @@ from typing import Any
 
 from ablate.files import atomic_write
 
-__all__ = ["append_row", "cut_log", "finished", "intact_rows", "json_text", "last_step", "read_rows"]
+__all__ = ["append_row", "cut_log", "finished", "intact_rows", "json_text", "last_step", "read_rows", "trial_status"]
 
 
 def json_text(row: dict[str, Any]) -> str:
@@ -139,3 +139,23 @@ def last_step(path: str | os.PathLike, chunk: int = 1 << 16) -> int | None:
         if isinstance(row, dict) and isinstance(row.get("step"), int):
             return row["step"]
     return None
+
+
+def trial_status(
+    rows: list[dict[str, Any]], max_steps: Any, target_r2: Any, *, error: bool, stopped: bool, live: bool
+) -> str:
+    """A trial's status from its intact ``rows`` and its stop settings: TERMINATED once its log reaches its stop
+    (or its scheduler stopped it, ``stopped``), ERROR when a pack member's loss went non-finite or it failed for
+    good (``error``), PENDING before its first report, else RUNNING while a live driver writes the run
+    (``live``) and INTERRUPTED when none does."""
+    if rows and rows[-1].get("member_error"):
+        return "ERROR"
+    if isinstance(max_steps, int) and finished(rows, max_steps, target_r2):
+        return "TERMINATED"
+    if error:
+        return "ERROR"
+    if rows and stopped:
+        return "TERMINATED"
+    if not rows:
+        return "PENDING"
+    return "RUNNING" if live else "INTERRUPTED"

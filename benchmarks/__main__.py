@@ -130,8 +130,8 @@ def bench_ray(grid_name: str, scale: str) -> dict:
     import tempfile
 
     from ablate.analysis.results import load_results
-    from ablate.service.grids import load_grid
-    from ablate.service.runner import run_grid
+    from ablate.service.execution.runner import run_grid
+    from ablate.service.specs.grids import load_grid
 
     grid = load_grid(grid_name, scale)
     with tempfile.TemporaryDirectory() as tmp:
@@ -193,7 +193,7 @@ def bench_time_to_r2(
     ``curve``: a CSV file that receives ``seconds,step,r2`` after every report."""
     from ablate.config import RunConfig
     from ablate.core.experiment import Experiment
-    from ablate.service.presets import load_preset
+    from ablate.service.specs.presets import load_preset
 
     preset_settings = {} if preset == "reference" else load_preset(preset).settings
     settings = {**preset_settings, **BIMODAL, "seed": seed}

@@ -41,8 +41,8 @@ def run_overhead(run_dir: str | os.PathLike, slots: int | None = None) -> dict:
     """Overhead of a finished run from its own records: wall = its marker's creation to its last report."""
     from ablate.analysis.claims.evaluate import run_wall_s
     from ablate.rundir import RunReader
-    from ablate.service.costs import trial_cost
-    from ablate.service.params import config_from_params
+    from ablate.service.specs.costs import trial_cost
+    from ablate.service.specs.params import config_from_params
 
     reader = RunReader(run_dir)
     compute, cost = [], []
@@ -103,8 +103,8 @@ def _bookkeeping_grid(n_trials: int, folder: Path) -> Path:
 def bench_bookkeeping(n_trials: int, storage: str | None = None) -> dict:
     """Run ``n_trials`` smoke trials through ``run_grid`` and count time, files and anything lost."""
     from ablate.analysis.results import load_results
-    from ablate.service.grids import load_grid
-    from ablate.service.runner import run_grid
+    from ablate.service.execution.runner import run_grid
+    from ablate.service.specs.grids import load_grid
 
     with tempfile.TemporaryDirectory() as tmp:
         grid = load_grid(str(_bookkeeping_grid(n_trials, Path(tmp))), "laptop")

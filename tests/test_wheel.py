@@ -102,7 +102,7 @@ def test_installed_ablate_is_the_wheel_not_the_checkout(installed):
 
 @pytest.mark.ray
 def test_list_run_and_report_from_an_empty_folder(installed):
-    from ablate.service.grids import known_grids
+    from ablate.service.specs.grids import known_grids
 
     cwd, env, ablate = installed["cwd"], installed["env"], str(installed["ablate"])
     listing = _run([ablate, "list"], cwd=cwd, env=env)

@@ -28,7 +28,7 @@ from scipy.stats import t as student_t
 
 from ablate.analysis.run import final_rows
 from ablate.rundir import RunError
-from ablate.service.grids import natural_key
+from ablate.service.specs.grids import natural_key
 
 __all__ = [
     "BOOT_SEED",

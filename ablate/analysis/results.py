@@ -13,7 +13,7 @@ from typing import Any
 import pandas as pd
 
 from ablate.rundir import TRIAL_PREFIX, RunError, RunReader, atomic_write
-from ablate.service.grids import axis_text
+from ablate.service.specs.grids import axis_text
 
 __all__ = ["LEAD_COLUMNS", "NothingToExport", "axis_value", "export_results", "load_results"]
 

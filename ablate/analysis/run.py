@@ -14,9 +14,9 @@ import pandas as pd
 from ablate.analysis.results import axis_value, load_results
 from ablate.config import ConfigError, RunConfig
 from ablate.rundir import TRIAL_PREFIX, RunReader
-from ablate.service.grids import Grid, GridError, grid_from_text, load_grid, natural_key
-from ablate.service.params import config_from_params
-from ablate.service.specs import DEFAULT_SCALE
+from ablate.service.specs.grid import DEFAULT_SCALE
+from ablate.service.specs.grids import Grid, GridError, grid_from_text, load_grid, natural_key
+from ablate.service.specs.params import config_from_params
 
 __all__ = ["Run", "RunContext", "final_rows", "generator_table", "load_run", "run_finished", "trial_table"]
 

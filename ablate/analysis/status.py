@@ -8,8 +8,8 @@ from typing import Any
 from ablate.pidlock import lock_holder
 from ablate.provenance import summary_line
 from ablate.rundir import DRIVER_LOCK, INTERRUPTED, TRIAL_PREFIX, RunReader, is_remote
-from ablate.service.grids import axis_text, natural_key
-from ablate.service.params import flat_params
+from ablate.service.specs.grids import axis_text, natural_key
+from ablate.service.specs.params import flat_params
 from ablate.trial_log import intact_rows
 
 __all__ = ["run_status", "varying_keys"]

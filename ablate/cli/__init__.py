@@ -17,7 +17,7 @@ from ablate.cli.run import cmd_run, resume_command
 from ablate.cli.slurm import add_slurm_parser
 from ablate.columns import r2_block_lambda
 from ablate.config import ConfigError, RunConfig, parse_assignments
-from ablate.service.specs import DEFAULT_SCALE, SCALES
+from ablate.service.specs.grid import DEFAULT_SCALE, SCALES
 
 __all__ = ["main"]
 
@@ -27,7 +27,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     settings = {}
     if args.preset:
-        from ablate.service.presets import load_preset
+        from ablate.service.specs.presets import load_preset
 
         settings.update(load_preset(args.preset).settings)
     settings.update(parse_assignments(args.set or []))
@@ -62,7 +62,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------ list / show
 def cmd_list(args: argparse.Namespace) -> int:
-    from ablate.service.grids import known_grids, load_grid
+    from ablate.service.specs.grids import known_grids, load_grid
 
     rows = []
     for name in known_grids():
@@ -77,7 +77,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from ablate.service.grids import load_grid
+    from ablate.service.specs.grids import load_grid
 
     grid = load_grid(args.grid, args.scale)
     trials = grid.trials  # expanded once: a 10 000-point grid takes a second per expansion
@@ -189,7 +189,9 @@ def cmd_claims(args: argparse.Namespace) -> int:
 
 
 def cmd_dashboard(args: argparse.Namespace) -> int:
-    from ablate.service.cluster import serve  # Ray's web dashboard (not the report specs in ablate/dashboards/)
+    from ablate.service.execution.cluster import (
+        serve,  # Ray's web dashboard (not the report specs in ablate/dashboards/)
+    )
 
     return serve(args.host, args.port, out=lambda m: print(m, flush=True))
 
@@ -343,8 +345,8 @@ def _stdout_to_devnull() -> None:
 def _main(argv: list[str] | None) -> int:
     from ablate.core.dgp import LowAcceptanceError
     from ablate.rundir import RunError, WriteError
-    from ablate.service.grids import GridError
-    from ablate.service.presets import PresetError
+    from ablate.service.specs.grids import GridError
+    from ablate.service.specs.presets import PresetError
 
     parser = build_parser()
     args = parser.parse_args(argv)

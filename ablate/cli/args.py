@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import math
 
-from ablate.service.specs import DEFAULT_SCALE, SCALES
+from ablate.service.specs.grid import DEFAULT_SCALE, SCALES
 
 __all__ = ["OPTION_BOUNDS", "add_grid_selection", "check_options", "option_problem"]
 

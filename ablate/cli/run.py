@@ -1,4 +1,4 @@
-"""`ablate run GRID [GRID ...]`: the command-line side of :func:`ablate.service.runner.run_grid`.
+"""`ablate run GRID [GRID ...]`: the command-line side of :func:`ablate.service.execution.runner.run_grid`.
 
 Several grids run one after another in one process, on one Ray: the embedded Ray starts once (its start and
 shutdown are most of a laptop grid's fixed cost), and every grid gets its own run directory, summary, report
@@ -66,11 +66,11 @@ def resume_command(args: argparse.Namespace, run_dir: str | None = None, grids: 
 
 def _load(args: argparse.Namespace, name: str):
     """The grid ``name`` at ``args.scale`` with the preset, ``--set`` and ``--variants`` applied (no compute)."""
-    from ablate.service.grids import axis_text, load_grid
+    from ablate.service.specs.grids import axis_text, load_grid
 
     grid = load_grid(name, args.scale)
     if args.preset:
-        from ablate.service.presets import load_preset
+        from ablate.service.specs.presets import load_preset
 
         preset = load_preset(args.preset)
         kept = grid.apply_settings(preset.settings, f"preset {preset.name}:", axes_win=True)
@@ -92,10 +92,10 @@ def _load(args: argparse.Namespace, name: str):
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Run every grid named on the command line, in order; stop at the first that is interrupted."""
-    from ablate.service.memory import check_memory
-    from ablate.service.packs import resolve_pack
-    from ablate.service.runner import default_run_name, has_run_state
-    from ablate.service.teardown import run_signals
+    from ablate.service.execution.memory import check_memory
+    from ablate.service.execution.packs import resolve_pack
+    from ablate.service.execution.runner import default_run_name, has_run_state
+    from ablate.service.execution.teardown import run_signals
 
     names = _grid_names(args)
     if len(names) > 1 and args.name:
@@ -105,7 +105,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     twice = sorted({n for n in seen if seen.count(n) > 1})
     if twice:
         raise ConfigError(f"grid {', '.join(twice)} is named twice; each grid runs once per `ablate run`")
-    for grid in grids:  # every grid's trials fit this machine, before the first starts (ablate.service.memory)
+    for (
+        grid
+    ) in grids:  # every grid's trials fit this machine, before the first starts (ablate.service.execution.memory)
         pack = resolve_pack(getattr(args, "pack", None), grid, args.gpus_per_trial)
         check_memory(
             grid, args.cpus_per_trial, args.gpus_per_trial, args.max_concurrent, address=args.address, pack=pack
@@ -133,11 +135,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _run_one(args: argparse.Namespace, grid) -> int:
-    from ablate.service.cluster import auth_hint
-    from ablate.service.grids import natural_key
-    from ablate.service.outcome import StorageFull, summary_rows
-    from ablate.service.packs import resolve_pack
-    from ablate.service.runner import run_grid
+    from ablate.service.execution.cluster import auth_hint
+    from ablate.service.execution.packs import resolve_pack
+    from ablate.service.execution.runner import run_grid
+    from ablate.service.records.outcome import StorageFull, summary_rows
+    from ablate.service.specs.grids import natural_key
 
     def announce(run_dir: str, url: str | None) -> None:
         print(f"run: {run_dir}")

@@ -1,4 +1,4 @@
-"""`ablate slurm GRID …`: write (and with ``--submit``, submit) the SLURM batch script of :mod:`ablate.service.slurm`."""
+"""`ablate slurm GRID …`: write (and with ``--submit``, submit) the SLURM batch script of :mod:`ablate.service.execution.slurm`."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ __all__ = ["add_slurm_parser", "cmd_slurm"]
 
 def cmd_slurm(args: argparse.Namespace) -> int:
     """Check the job, write ``<storage>/<run name>.sbatch``, and print how to submit it (or submit it)."""
-    from ablate.service.slurm import job_output, slurm_job, submit, write_script
+    from ablate.service.execution.slurm import job_output, slurm_job, submit, write_script
 
     job = slurm_job(
         args.grid, scale=args.scale, storage=args.storage, name=args.name, preset=args.preset,

@@ -174,7 +174,7 @@ class Experiment:
         """Whether :meth:`train` draws the next batch in a second thread while a step runs.
 
         It never changes the numbers, only the time: it pays where the thread gets an idle core, and costs where
-        every core is busy (a Ray trial switches it with `ablate.service.spare_cores`). Setting it True takes
+        every core is busy (a Ray trial switches it with `ablate.service.execution.spare_cores`). Setting it True takes
         effect only on the CPU and when ``config.prefetch`` allows it (on a GPU the sampler is not the cost).
         """
         return self._prefetch

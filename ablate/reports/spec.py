@@ -15,7 +15,7 @@ A spec holds::
         y: latent_dim
 
 A spec is validated like a grid: an unknown kind, key or axis is an error naming the file and the key.
-("Dashboard" here is a report spec; Ray's web dashboard is ablate.service.cluster.)
+("Dashboard" here is a report spec; Ray's web dashboard is ablate.service.execution.cluster.)
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from pydantic import BeforeValidator, Discriminator, Field, ValidationInfo, fiel
 
 from ablate.config import did_you_mean
 from ablate.reports.panels import PANELS, PanelSpec, panel_spec
-from ablate.service.grids import Grid, GridError
-from ablate.service.spec_base import Spec, parse_spec, read_yaml
+from ablate.service.specs.base import Spec, parse_spec, read_yaml
+from ablate.service.specs.grids import Grid, GridError
 from ablate.shipped import DASHBOARDS, shipped_dir, shipped_files
 
 __all__ = [

@@ -316,8 +316,8 @@ def test_markdown_row_names_the_command():
 
 # --------------------------------------------------------------------------- a real run
 def test_evaluate_run_on_a_real_smoke_run(ray_session, tmp_path, capsys):
-    from ablate.service.grids import load_grid
-    from ablate.service.runner import run_grid
+    from ablate.service.execution.runner import run_grid
+    from ablate.service.specs.grids import load_grid
 
     outcome = run_grid(load_grid("bimodal_dynamics", "smoke"), storage=str(tmp_path), verbose=0)
     assert not outcome.failed

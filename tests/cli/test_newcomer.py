@@ -9,7 +9,7 @@ import pytest
 from conftest import run_logged
 
 from ablate.config import ConfigError, RunConfig
-from ablate.service.grids import GridError, load_grid, natural_key
+from ablate.service.specs.grids import GridError, load_grid, natural_key
 
 GRID = """name: order_check
 description: two latent dims whose text order differs from their numeric order

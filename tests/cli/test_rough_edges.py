@@ -18,9 +18,10 @@ from pathlib import Path
 import pytest
 
 from ablate import cli
-from ablate.config import ALIAS_LIMIT, QUOTE_LIMIT, ConfigError, parse_assignments, quote
+from ablate.config import QUOTE_LIMIT, ConfigError, parse_assignments, quote
 from ablate.rundir import PARAMS_FILE, RESULT_FILE, TRIAL_PREFIX, write_marker
-from ablate.service.grids import GridError, load_grid
+from ablate.safe_yaml import ALIAS_LIMIT
+from ablate.service.specs.grids import GridError, load_grid
 
 CLI = [sys.executable, "-m", "ablate.cli"]
 
@@ -73,7 +74,7 @@ def test_a_billion_laughs_grid_is_refused_in_one_short_line(tmp_path, capsys, wh
 
 def test_presets_dashboards_and_set_values_refuse_alias_bombs_too(tmp_path):
     from ablate.reports.spec import SpecError, load_dashboard
-    from ablate.service.presets import PresetError, load_preset
+    from ablate.service.specs.presets import PresetError, load_preset
 
     preset = tmp_path / "laughs.yaml"
     preset.write_text(f"name: laughs\ndescription: {_bomb()}\nsettings: {{lr: 0.001}}\n")

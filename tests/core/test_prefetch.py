@@ -138,7 +138,7 @@ def test_prefetch_switch_respects_the_config():
 
 # ------------------------------------------------------------------ the spare-core meter (Linux /proc/stat)
 
-from ablate.service.spare_cores import SpareCoreMeter, read_proc_stat  # noqa: E402
+from ablate.service.execution.spare_cores import SpareCoreMeter, read_proc_stat  # noqa: E402
 
 
 def _write_stat(path, busy: int, idle: int, cores: int = 4) -> None:
@@ -175,7 +175,7 @@ def test_meter_without_proc_stat_says_unknown(tmp_path):
 
 def test_trainable_switches_prefetch_by_the_spare_cores(monkeypatch):
     from ablate import load_grid
-    from ablate.service.trainable import AblateTrainable
+    from ablate.service.execution.trainable import AblateTrainable
 
     grid = load_grid("batch_vs_dim", "smoke")
     params = {"grid": "batch_vs_dim", **grid.base, "max_steps": 30, "batch_size": 16, "latent_dim": 3, "seed": 0}

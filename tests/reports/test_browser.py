@@ -20,7 +20,7 @@ import pytest
 from conftest import runs_root, smoke_run
 
 from ablate.reports.report import load_dashboard, load_run, study_views, write_report
-from ablate.service.grids import known_grids
+from ablate.service.specs.grids import known_grids
 
 pytestmark = pytest.mark.browser  # and ray: the reports are of smoke runs (ray_session)
 

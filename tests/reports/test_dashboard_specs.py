@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from ablate.reports.report import SpecError, known_dashboards, load_dashboard
-from ablate.service.grids import known_grids, load_grid
-from ablate.service.specs import SCALES
+from ablate.service.specs.grid import SCALES
+from ablate.service.specs.grids import known_grids, load_grid
 
 
 def test_every_grid_has_a_valid_dashboard_at_every_scale():

@@ -63,8 +63,8 @@ def test_the_report_of_a_smoke_optuna_search_holds_optunas_views(ray_session, tm
 
     from ablate.reports.optuna_views import optuna_views
     from ablate.reports.report import write_report
-    from ablate.service.grids import load_grid
-    from ablate.service.runner import run_grid
+    from ablate.service.execution.runner import run_grid
+    from ablate.service.specs.grids import load_grid
 
     grid = load_grid("tune_aninfonce", "smoke")
     outcome = run_grid(grid, storage=str(tmp_path), name="search", verbose=0)
@@ -88,7 +88,7 @@ def test_the_report_of_a_smoke_optuna_search_holds_optunas_views(ray_session, tm
     assert set(parallel["encoder_widths"]) <= {
         "[2,2]",
         "[2,4,2]",
-    }  # list choices travel as compact JSON text (ablate.service.params.JSON_CHOICES)
+    }  # list choices travel as compact JSON text (ablate.service.specs.params.JSON_CHOICES)
 
     # importances: computed for the searched settings (summing to 1), or skipped with a note, never a crash
     importances = views["param_importances"]

@@ -26,7 +26,7 @@ from ablate.reports.report import (
     write_report,
 )
 from ablate.rundir import RUN_MARKER, RunError
-from ablate.service.grids import known_grids, load_grid
+from ablate.service.specs.grids import known_grids, load_grid
 
 
 @pytest.fixture(scope="module")

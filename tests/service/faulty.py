@@ -17,8 +17,8 @@ class InjectedFault(RuntimeError):
 def faulty(counter_dir: Path, *, at_step: int, times: int = 1, variant: str | None = None, pack: bool = False):
     """A Trainable class that raises :class:`InjectedFault` when a trial's training passes ``at_step``, ``times``
     times per trial in all; only in trials of ``variant`` when given."""
-    from ablate.service.pack_trainable import PackTrainable
-    from ablate.service.trainable import AblateTrainable
+    from ablate.service.execution.pack_trainable import PackTrainable
+    from ablate.service.execution.trainable import AblateTrainable
 
     base = PackTrainable if pack else AblateTrainable
     counter_dir = Path(counter_dir)
@@ -44,9 +44,9 @@ def faulty(counter_dir: Path, *, at_step: int, times: int = 1, variant: str | No
 def counting(log: Path, *, pack: bool = False):
     """A Trainable class that appends its trial's record id to ``log`` each time it is built (a trial trained,
     started or continued), so a test counts trainings, not folders."""
-    from ablate.service.pack_trainable import PackTrainable
-    from ablate.service.record import record_of
-    from ablate.service.trainable import AblateTrainable
+    from ablate.service.execution.pack_trainable import PackTrainable
+    from ablate.service.execution.trainable import AblateTrainable
+    from ablate.service.records.trial import record_of
 
     base = PackTrainable if pack else AblateTrainable
     log = Path(log)

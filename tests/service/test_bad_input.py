@@ -135,7 +135,7 @@ def test_the_memory_estimate_bounds_a_measured_trial():
     """The estimate is an upper bound of a real trial's peak, and not a wild one: batch 4096 at d = 10 with the
     reference encoder, whose peak is the evaluation's (2B)² logits (docs/performance.md has the calibration)."""
     from ablate.config import RunConfig
-    from ablate.service.costs import peak_memory
+    from ablate.service.specs.costs import peak_memory
 
     config = {"batch_size": 4096, "concentration": 75, "generator_cond_samples": 2000}
     measured = _peak_rss_mib(config)
@@ -144,7 +144,7 @@ def test_the_memory_estimate_bounds_a_measured_trial():
 
 
 def _grid(batch_sizes: list[int]):
-    from ablate.service.grids import load_grid
+    from ablate.service.specs.grids import load_grid
 
     grid = load_grid("batch_vs_dim", "smoke")  # axes batch_size × latent_dim [3, 6]
     grid.axes["batch_size"] = batch_sizes
@@ -152,8 +152,8 @@ def _grid(batch_sizes: list[int]):
 
 
 def test_check_memory_refuses_a_trial_or_a_concurrency_the_machine_cannot_hold():
-    from ablate.service.costs import peak_memory
-    from ablate.service.memory import Machine, MemoryRefused, check_memory
+    from ablate.service.execution.memory import Machine, MemoryRefused, check_memory
+    from ablate.service.specs.costs import peak_memory
 
     grid = _grid([16, 8192])
     big = max(peak_memory(t.config).host for t in grid.trials)
@@ -169,7 +169,7 @@ def test_check_memory_refuses_a_trial_or_a_concurrency_the_machine_cannot_hold()
 
 
 def test_check_memory_refuses_a_trial_larger_than_the_gpu():
-    from ablate.service.memory import Machine, MemoryRefused, check_memory
+    from ablate.service.execution.memory import Machine, MemoryRefused, check_memory
 
     grid = _grid([65536])
     machine = Machine(ram=64 * GIB, ram_source="test machine", gpus=(16 * GIB,), cpus=4)
@@ -179,7 +179,7 @@ def test_check_memory_refuses_a_trial_larger_than_the_gpu():
 
 
 def test_a_set_of_an_axis_is_recorded_and_a_variant_keeps_its_own():
-    from ablate.service.grids import load_grid
+    from ablate.service.specs.grids import load_grid
 
     grid = load_grid("batch_vs_dim", "smoke")
     assert grid.apply_settings({"batch_size": 64, "lr": 0.01}, "--set", axes_win=False) == []
@@ -192,8 +192,8 @@ def test_a_set_of_an_axis_is_recorded_and_a_variant_keeps_its_own():
 def test_another_set_or_grid_file_makes_new_points_beside_the_run_s_own(run_dir, tmp_path):
     """Run again into a run (a copy of a real one), the grid as it resolves now decides, point by point: the
     same grid reuses every trial, a --set lr=0.5 makes four new points, a grid file cut to one point reuses it."""
-    from ablate.service.grids import grid_from_text, known_grids, load_grid
-    from ablate.service.plan import plan_run
+    from ablate.service.records.plan import plan_run
+    from ablate.service.specs.grids import grid_from_text, known_grids, load_grid
 
     copy = tmp_path / run_dir.name
     shutil.copytree(run_dir, copy)

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from ablate.service.grids import load_grid
-from ablate.service.record import CHECKPOINT_FILE
-from ablate.service.runner import run_grid
+from ablate.service.execution.runner import run_grid
+from ablate.service.records.trial import CHECKPOINT_FILE
+from ablate.service.specs.grids import load_grid
 from ablate.trial_log import intact_rows
 from tests.service.faulty import faulty
 

@@ -1,4 +1,4 @@
-"""The Ray cluster (``ablate.service.cluster``): `ablate run --address` joins an existing cluster (a real head
+"""The Ray cluster (``ablate.service.execution.cluster``): `ablate run --address` joins an existing cluster (a real head
 started with `ray start`); `ablate dashboard`'s host and authentication rules (without starting Ray)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from conftest import free_port, run_logged, smoke_cmd, start_ray_node
 
 from ablate import cli
 from ablate.rundir import RunError
-from ablate.service.cluster import DashboardHandle, auth_lines, check_host, is_loopback
+from ablate.service.execution.cluster import DashboardHandle, auth_lines, check_host, is_loopback
 
 
 @pytest.fixture()
@@ -60,7 +60,7 @@ def test_dashboard_warns_for_another_host_and_refuses_it_without_auth():
 
 
 def test_dashboard_prints_url_and_how_to_authenticate(monkeypatch, capsys, tmp_path):
-    import ablate.service.cluster as dashboard
+    import ablate.service.execution.cluster as dashboard
 
     closed = []
     handle = DashboardHandle(url="http://127.0.0.1:8265", started=True, shutdown=lambda: closed.append(True))

@@ -19,8 +19,8 @@ import pytest
 from conftest import run_logged, smoke_cmd
 
 from ablate.analysis.results import load_results
-from ablate.service.grids import load_grid
-from ablate.service.runner import run_grid
+from ablate.service.execution.runner import run_grid
+from ablate.service.specs.grids import load_grid
 from tests.service.faulty import counting
 
 _TIMING = ["time_total_s", "prefetch", "status"]

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
-from ablate.service.grids import load_grid
-from ablate.service.runner import run_grid
-from ablate.service.specs import VariantSpec
+from ablate.service.execution.runner import run_grid
+from ablate.service.specs.grid import VariantSpec
+from ablate.service.specs.grids import load_grid
 from tests.service.faulty import faulty
 
 
@@ -105,7 +105,7 @@ def test_unwritable_storage_is_refused(tmp_path, capsys):
 
 
 def test_nonfinite_trial_under_optuna_is_recorded_as_failed(ray_session, tmp_path):
-    from ablate.service.grids import load_grid as load
+    from ablate.service.specs.grids import load_grid as load
 
     path = tmp_path / "diverging.yaml"
     path.write_text(

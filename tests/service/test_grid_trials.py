@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from ablate.service.grids import known_grids, load_grid
-from ablate.service.specs import SCALES
+from ablate.service.specs.grid import SCALES
+from ablate.service.specs.grids import known_grids, load_grid
 
 FIXTURE = Path(__file__).parents[1] / "data" / "grid_trials.json"
 

@@ -1,4 +1,4 @@
-"""Grid files (``ablate.service.grids``): a bad grid is refused before Ray starts with one line naming the file and
+"""Grid files (``ablate.service.specs.grids``): a bad grid is refused before Ray starts with one line naming the file and
 the key, unknown names list the known ones, and a grid's trials start costliest first."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from ablate import cli
-from ablate.service.grids import GridError, load_grid
+from ablate.service.specs.grids import GridError, load_grid
 
 BAD_GRIDS = {
     "unknown key": ("bogus: 1\n", "bogus: unknown key"),
@@ -40,12 +40,12 @@ scales: {smoke: {}, laptop: {}, paper: {}}
 
 @pytest.mark.parametrize("case", sorted(BAD_GRIDS))
 def test_bad_grid_is_refused_before_ray_starts(case, tmp_path, monkeypatch, capsys):
-    import ablate.service.runner
+    import ablate.service.execution.runner
 
     def no_ray(*a, **k):
         raise AssertionError("Ray was started for an invalid grid")
 
-    monkeypatch.setattr(ablate.service.runner, "init_ray", no_ray)
+    monkeypatch.setattr(ablate.service.execution.runner, "init_ray", no_ray)
     extra, expected = BAD_GRIDS[case]
     path = tmp_path / "bad.yaml"
     stop = "" if extra.startswith("stop:") else "stop: {max_steps: 5}\n"
@@ -75,8 +75,8 @@ def test_param_space_starts_the_costliest_trials_first():
     axis of whole grid points keeps a costliest-first order, every trial exactly once."""
     from ray.tune.search.variant_generator import generate_variants
 
-    from ablate.service.costs import trial_cost
-    from ablate.service.params import config_from_params
+    from ablate.service.specs.costs import trial_cost
+    from ablate.service.specs.params import config_from_params
 
     grid = load_grid("batch_vs_dim", "laptop")
     configs = [config_from_params(c) for _, c in generate_variants(grid.param_space())]

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from ablate.analysis.results import load_results
-from ablate.service.grids import load_grid
-from ablate.service.runner import run_grid
+from ablate.service.execution.runner import run_grid
+from ablate.service.specs.grids import load_grid
 
 #: Files a finished trial leaves in a local run directory: params.json, result.json (ablate's append-only
 #: result log) and the two kept checkpoints of state.pt + config.json (no TensorBoard files unless

@@ -112,7 +112,7 @@ def _uninterrupted(params: dict) -> list[dict]:
     torch thread the trial had on the cluster."""
     import torch
 
-    from ablate.service.trainable import AblateTrainable
+    from ablate.service.execution.trainable import AblateTrainable
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

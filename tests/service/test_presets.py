@@ -6,8 +6,8 @@ import pytest
 
 from ablate.cli import main
 from ablate.config import RESUME_MAY_CHANGE, TRAINING_FIELDS, RunConfig
-from ablate.service.grids import load_grid
-from ablate.service.presets import PresetError, known_presets, load_preset
+from ablate.service.specs.grids import load_grid
+from ablate.service.specs.presets import PresetError, known_presets, load_preset
 
 
 def test_the_shipped_fast_preset_is_valid_and_changes_only_how_trials_train():

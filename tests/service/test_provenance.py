@@ -14,9 +14,8 @@ import torch
 from conftest import run_logged, smoke_cmd
 
 import ablate
-from ablate.provenance import collect, distributions, science_changes, summary_line
+from ablate.provenance import collect, distributions, record_provenance, science_changes, summary_line
 from ablate.rundir import ENVIRONMENT_FILE, PROVENANCE_FILE, RunReader
-from ablate.service.provenance import record_provenance
 
 ROOT = Path(ablate.__file__).resolve().parent.parent
 

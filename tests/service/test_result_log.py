@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from ablate.service.callbacks import ResultLog
+from ablate.service.execution.callbacks import ResultLog
 from ablate.trial_log import append_row, cut_log, finished, intact_rows, last_step, read_rows
 
 

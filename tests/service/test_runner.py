@@ -1,4 +1,4 @@
-"""The runner (``ablate.service.runner``) end to end on a real Ray: every shipped grid through `ablate run` at smoke
+"""The runner (``ablate.service.execution.runner``) end to end on a real Ray: every shipped grid through `ablate run` at smoke
 scale, and Optuna searches (a time budget, the study in SQLite). Crashes and resumes: test_reliability.py; the
 trainable: test_trainable.py; grid files: test_grids.py."""
 
@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from conftest import runs_root, smoke_run
 
-from ablate.service.grids import known_grids, load_grid, n_reports
-from ablate.service.optuna_spec import Choice
-from ablate.service.runner import run_grid
-from ablate.service.trainable import CHECKPOINT_FILE
+from ablate.service.execution.runner import run_grid
+from ablate.service.execution.trainable import CHECKPOINT_FILE
+from ablate.service.specs.grids import known_grids, load_grid, n_reports
+from ablate.service.specs.optuna import Choice
 
 
 def _rows(trial_dir: Path) -> list[dict]:
@@ -34,7 +34,7 @@ def test_every_grid_runs_through_the_cli_at_smoke_scale(name, ray_session, tmp_p
     for trial_dir in trial_dirs:
         rows = _rows(trial_dir)
         params = json.loads((trial_dir / "params.json").read_text())
-        from ablate.service.params import config_from_params
+        from ablate.service.specs.params import config_from_params
 
         expected = n_reports(config_from_params(params))
         if grid.search == "optuna":  # ASHA may stop a trial early

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from ablate.cli import main
-from ablate.service.grids import GridError, load_grid
-from ablate.service.presets import load_preset
+from ablate.service.specs.grids import GridError, load_grid
+from ablate.service.specs.presets import load_preset
 
 GRID = """
 name: g
@@ -79,7 +79,7 @@ def test_show_says_which_preset_the_scale_starts_from(tmp_path, capsys):
 def test_shipped_grids_name_the_fast_preset_instead_of_pasting_it():
     import yaml
 
-    from ablate.service.grids import known_grids
+    from ablate.service.specs.grids import known_grids
 
     fast = load_preset("fast").settings
     named = []

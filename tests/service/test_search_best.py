@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from ablate.service.search import seconds_to_target
+from ablate.service.execution.search import seconds_to_target
 
 
 def _trial(tmp_path, name, rows, torn=False):

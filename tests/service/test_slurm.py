@@ -136,7 +136,7 @@ def test_a_submitted_smoke_grid_runs_to_its_end(slurm, tmp_path):
     info = watch.ended()
     if info.get("JobState") != "COMPLETED" or info.get("ExitCode") != "0:0":
         watch.fail("the job did not complete")
-    from ablate.service.grids import load_grid
+    from ablate.service.specs.grids import load_grid
 
     config = load_grid("batch_vs_dim", "smoke").trials[0].config
     _check_run(tmp_path / "batch_vs_dim-smoke", reports=-(-config.max_steps // config.report_every), watch=watch)

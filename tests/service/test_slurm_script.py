@@ -14,8 +14,8 @@ import pytest
 from ablate import cli
 from ablate.config import ConfigError
 from ablate.rundir import RunError
-from ablate.service.grids import GridError
-from ablate.service.slurm import render_script, script_path, slurm_job, submit, time_seconds, write_script
+from ablate.service.execution.slurm import render_script, script_path, slurm_job, submit, time_seconds, write_script
+from ablate.service.specs.grids import GridError
 
 
 def _job(tmp_path, **kwargs):

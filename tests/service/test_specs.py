@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from ablate.reports.spec import SpecError, parse_panel
-from ablate.service.grids import GridError, grid_from_text, load_grid
-from ablate.service.optuna_spec import Choice, LogUniform, OptunaSpec, RandInt, Uniform
-from ablate.service.specs import ChosenEntry, StopSpec, VariantSpec
+from ablate.service.specs.grid import ChosenEntry, StopSpec, VariantSpec
+from ablate.service.specs.grids import GridError, grid_from_text, load_grid
+from ablate.service.specs.optuna import Choice, LogUniform, OptunaSpec, RandInt, Uniform
 
 HEAD = "name: t\nstop: {max_steps: 5}\n"
 SCALES = "scales: {smoke: {}, laptop: {}, paper: {}}\n"

@@ -1,14 +1,14 @@
-"""The Ray Tune trainable (``ablate.service.trainable``) without Ray: save/restore continues the same numbers, and a
+"""The Ray Tune trainable (``ablate.service.execution.trainable``) without Ray: save/restore continues the same numbers, and a
 damaged checkpoint falls back to the one before it."""
 
 from __future__ import annotations
 
-from ablate.service.grids import load_grid
-from ablate.service.trainable import CHECKPOINT_FILE
+from ablate.service.execution.trainable import CHECKPOINT_FILE
+from ablate.service.specs.grids import load_grid
 
 
 def test_trainable_save_restore_round_trip(tmp_path):
-    from ablate.service.trainable import AblateTrainable
+    from ablate.service.execution.trainable import AblateTrainable
 
     grid = load_grid("batch_vs_dim", "smoke")
     params = {"grid": "batch_vs_dim", **grid.base, "max_steps": 40, "batch_size": 32, "latent_dim": 3, "seed": 1}
@@ -34,7 +34,7 @@ def test_trainable_save_restore_round_trip(tmp_path):
 def test_a_trial_continues_from_its_newest_checkpoint_that_loads_and_that_its_log_covers(tmp_path, caplog):
     """The Trainable writes a checkpoint into its trial folder after each report; a new one (a resumed run, Ray's
     retry) continues from the newest that loads and whose report is in the log, else from step 0."""
-    from ablate.service.trainable import AblateTrainable
+    from ablate.service.execution.trainable import AblateTrainable
     from ablate.trial_log import append_row
 
     grid = load_grid("batch_vs_dim", "smoke")
@@ -54,7 +54,7 @@ def test_a_trial_continues_from_its_newest_checkpoint_that_loads_and_that_its_lo
     fresh.stop()
     damaged = folder / "checkpoint_000000010" / CHECKPOINT_FILE
     damaged.write_bytes(damaged.read_bytes()[:100])  # a torn write
-    with caplog.at_level("WARNING", logger="ablate.service.record"):
+    with caplog.at_level("WARNING", logger="ablate.service.records.trial"):
         again = AblateTrainable(config=params)
     assert again.experiment.step == 5 and str(damaged) in caplog.text and "earlier checkpoint" in caplog.text
     again.stop()

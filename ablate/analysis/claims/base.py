@@ -128,7 +128,7 @@ def _paper_values(ctx: RunContext, grid: str) -> dict:
     shipped grid file (a run made before its grid had them)."""
     if ctx.paper_values:
         return ctx.paper_values
-    from ablate.service.grids import GridError, load_grid
+    from ablate.service.specs.grids import GridError, load_grid
 
     try:
         return load_grid(grid, "smoke").paper_values

@@ -29,8 +29,8 @@ from pydantic import AfterValidator, BeforeValidator, Field, StringConstraints, 
 
 from ablate.analysis.run import RunContext
 from ablate.columns import r2_block_lambda, r2_dim_index
-from ablate.service.grids import natural_key
-from ablate.service.spec_base import Spec
+from ablate.service.specs.base import Spec
+from ablate.service.specs.grids import natural_key
 
 __all__ = [
     "PANELS",
@@ -147,7 +147,7 @@ def as_number(v: Any) -> float | None:
 
 
 def sort_key(v: Any) -> tuple:
-    """Natural order of axis values and of ``k=v`` labels (:func:`ablate.service.grids.natural_key`)."""
+    """Natural order of axis values and of ``k=v`` labels (:func:`ablate.service.specs.grids.natural_key`)."""
     return natural_key(v)
 
 

@@ -22,10 +22,7 @@ from typing import Any
 from ablate.config import RunConfig
 from ablate.files import atomic_write
 from ablate.rundir import PACK_FILE, PARAMS_FILE, RESULT_FILE, TRIAL_PREFIX
-from ablate.service.costs import costliest_first
-from ablate.service.grids import Grid
-from ablate.service.params import RECORD_KEY, config_from_params
-from ablate.service.record import (
+from ablate.service.records.trial import (
     ERROR_FILE,
     drop_checkpoints_after,
     key_of,
@@ -36,11 +33,14 @@ from ablate.service.record import (
     resume_point,
     solo_covered,
 )
+from ablate.service.specs.costs import costliest_first
+from ablate.service.specs.grids import Grid
+from ablate.service.specs.params import RECORD_KEY, config_from_params
 from ablate.trial_log import cut_log, finished, intact_rows, read_rows
 
 __all__ = ["Plan", "Point", "RECORD_KEY", "grid_points", "plan_run"]
 
-_log = logging.getLogger("ablate.service.plan")
+_log = logging.getLogger("ablate.service.records.plan")
 
 
 @dataclass

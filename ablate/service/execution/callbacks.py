@@ -10,13 +10,13 @@ from typing import Any
 from ray.tune import Callback
 
 from ablate.rundir import PARAMS_FILE, RESULT_FILE, STOPPED_FILE, TRIAL_PREFIX, atomic_write
-from ablate.service.params import PACK_KEY, RECORD_KEY, config_from_params, flat_params, pack_members
-from ablate.service.record import ERROR_FILE, record_of
+from ablate.service.records.trial import ERROR_FILE, record_of
+from ablate.service.specs.params import PACK_KEY, RECORD_KEY, config_from_params, flat_params, pack_members
 from ablate.trial_log import append_row, finished, intact_rows, json_text, read_rows
 
 __all__ = ["ResultLog"]
 
-_log = logging.getLogger("ablate.service.runner")
+_log = logging.getLogger("ablate.service.execution.runner")
 
 
 class ResultLog(Callback):

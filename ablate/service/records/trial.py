@@ -42,7 +42,7 @@ __all__ = [
     "write_checkpoint",
 ]
 
-_log = logging.getLogger("ablate.service.record")
+_log = logging.getLogger("ablate.service.records.trial")
 
 #: The experiment's state in a checkpoint folder (torch, loaded with ``weights_only=True``).
 CHECKPOINT_FILE = "state.pt"
@@ -196,7 +196,7 @@ def record_of(config: dict[str, Any]) -> dict[str, Any] | None:
     """Where a Ray trial's record lives, from its config: ``{"dir", "id", "keep", …}`` (a pack's also
     ``members``); a search trial's id follows from its settings (:func:`record_id` over ``shown``). None outside
     a run."""
-    from ablate.service.params import RECORD_KEY, config_from_params, flat_params
+    from ablate.service.specs.params import RECORD_KEY, config_from_params, flat_params
 
     flat = flat_params(config)
     record = flat.get(RECORD_KEY)

@@ -2,7 +2,7 @@
 
 Without this, a trial too large for the machine (``--set batch_size=1e9``) starts Ray, allocates until Ray's
 memory monitor or the kernel's OOM killer stops it, and takes other processes' work down with it. The estimate
-of a trial's peak (:func:`ablate.service.costs.peak_memory`) is compared with what this machine has now:
+of a trial's peak (:func:`ablate.service.specs.costs.peak_memory`) is compared with what this machine has now:
 ``MemAvailable`` of /proc/meminfo for RAM, less what the local Ray's own processes take, and for a GPU trial
 the card's memory (``nvidia-smi``). A trial joining a Ray cluster (``address``) is not checked here: its
 machines are not known before Ray connects.
@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ablate.rundir import RunError
-from ablate.service.costs import MemoryEstimate, peak_memory
-from ablate.service.grids import Grid
+from ablate.service.specs.costs import MemoryEstimate, peak_memory
+from ablate.service.specs.grids import Grid
 
 __all__ = ["MemoryRefused", "Machine", "check_memory", "local_machine"]
 

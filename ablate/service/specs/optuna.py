@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import Discriminator, Field, Tag, model_validator
 
-from ablate.service.spec_base import SettingName, Spec
+from ablate.service.specs.base import SettingName, Spec
 
 __all__ = ["DISTRIBUTIONS", "Choice", "Distribution", "LogUniform", "OptunaSpec", "RandInt", "Uniform"]
 
@@ -85,7 +85,7 @@ class RandInt(_Range):
 
 class Choice(_Distribution):
     """One of the listed values. Optuna stores only None, bool, int, float and str choices, so lists and mappings
-    (e.g. encoder widths) travel as their JSON text (:data:`ablate.service.params.JSON_CHOICES`)."""
+    (e.g. encoder widths) travel as their JSON text (:data:`ablate.service.specs.params.JSON_CHOICES`)."""
 
     choice: list[Any] = Field(min_length=1, description="the values to choose from")
 

@@ -1,5 +1,5 @@
 """What one trial costs, estimated from its settings alone (no torch, no Ray): training FLOPs (to order a grid's
-trials) and peak memory (to refuse, before Ray starts, a trial that cannot fit the machine; ablate.service.memory).
+trials) and peak memory (to refuse, before Ray starts, a trial that cannot fit the machine; ablate.service.execution.memory).
 
 The memory estimate follows what :mod:`ablate.core` allocates (see :func:`peak_memory`) and is calibrated against
 the measured peak resident memory (VmHWM) of real trials; it is meant to be an upper bound, not a forecast.

@@ -12,7 +12,7 @@ What the script does on each start of the job (the first, and every one after a 
   ``~/.ray/auth_token``), and with ``srun`` one worker node on each other node, after the head's token is copied
   there (through ``srun``'s standard input, never the command line or the shared storage);
 - ``ablate run … --address <head>`` on the head, with ``--resume`` when the run directory already holds a run
-  (:func:`ablate.service.runner.has_run_state`); while an earlier driver still holds the run's lock (a requeued job
+  (:func:`ablate.service.execution.runner.has_run_state`); while an earlier driver still holds the run's lock (a requeued job
   can start before the old one finished stopping) it waits and tries again;
 - SLURM's SIGTERM (a requeue, a preemption, ``scancel``) reaches every process of the job: the driver stops as on
   Ctrl-C (exit 143, resumable) and the job starts again later with ``--resume``. Near the time limit
@@ -51,7 +51,7 @@ __all__ = [
 GRACE_S = 120
 #: How long a start of the job waits for an earlier driver to let go of the run directory.
 LOCK_WAIT_S = 600
-LOCK_MESSAGE = "is being written by ablate pid"  # ablate.service.driver_lock.busy_message
+LOCK_MESSAGE = "is being written by ablate pid"  # ablate.service.records.driver_lock.busy_message
 _SAFE = re.compile(r"^[A-Za-z0-9._+@:/=,-]+$")  # what may stand unquoted on an #SBATCH line
 _TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
 
@@ -136,12 +136,12 @@ def slurm_job(
 
     ``gpus_per_trial`` None: one GPU per trial when the nodes have GPUs, else none."""
     from ablate.config import parse_assignments
-    from ablate.service.grids import load_grid, resolve_grid_path
-    from ablate.service.runner import default_run_name
+    from ablate.service.execution.runner import default_run_name
+    from ablate.service.specs.grids import load_grid, resolve_grid_path
 
     loaded = load_grid(grid, scale)
     if preset:
-        from ablate.service.presets import load_preset
+        from ablate.service.specs.presets import load_preset
 
         loaded.apply_settings(load_preset(preset).settings, f"preset {preset}:", axes_win=True)
         loaded.preset = preset
@@ -150,7 +150,7 @@ def slurm_job(
     if variants:
         loaded.select_variants(variants.split(","), "--variants")
     if pack is not None and pack != "auto":
-        from ablate.service.packs import resolve_pack
+        from ablate.service.execution.packs import resolve_pack
 
         resolve_pack(pack, loaded, 0)  # a bad --pack is refused here; auto is decided on the GPU node
     given = Path(grid)  # a grid file is named by its absolute path: the job may start in another folder
@@ -331,7 +331,7 @@ done
 
 # --- the run: a fresh one, or --resume when the run directory holds one; wait while an earlier driver writes it
 has_run() {
-  "$PYTHON" -c 'import sys; from ablate.service.runner import has_run_state; sys.exit(10 if has_run_state(*sys.argv[1:]) else 11)' \
+  "$PYTHON" -c 'import sys; from ablate.service.execution.runner import has_run_state; sys.exit(10 if has_run_state(*sys.argv[1:]) else 11)' \
     "$STORAGE" "$RUN_NAME"
 }
 waited=0 code=1

@@ -1,9 +1,9 @@
 """The Ray Tune Trainable of a pack: several grid points trained as one batched model in one Ray trial.
 
 A pack trial's config holds the grid's shared settings and, under ``pack``, its members' grid points (see
-:meth:`ablate.service.grids.Grid.param_space`). The trial trains them with :class:`ablate.core.pack.PackedExperiment`
+:meth:`ablate.service.specs.grids.Grid.param_space`). The trial trains them with :class:`ablate.core.pack.PackedExperiment`
 (a member whose loss has no batched form trains alone, as a pack of one) and reports every member's row under
-``members``; :class:`ablate.service.callbacks.ResultLog` writes each row into the member's own trial folder, so
+``members``; :class:`ablate.service.execution.callbacks.ResultLog` writes each row into the member's own trial folder, so
 status, export, report, claims and resume see ordinary trials. A member that reaches its stop (``max_steps`` or
 ``target_r2``) reports ``done`` once and is frozen; a member whose loss goes non-finite reports its error once
 (``member_error``) and the others go on. The trial is done when every member is.
@@ -23,9 +23,9 @@ from ablate.core.experiment import Experiment, NonFiniteLossError
 from ablate.core.pack import PackedExperiment
 from ablate.core.pack_fields import can_pack
 from ablate.rundir import RESULT_FILE, TRIAL_PREFIX
-from ablate.service.params import PACK_KEY, RECORD_KEY, config_from_params, pack_members
-from ablate.service.record import pack_covered
-from ablate.service.trainable import SPARE_CORES_FOR_PREFETCH, AblateTrainable
+from ablate.service.execution.trainable import SPARE_CORES_FOR_PREFETCH, AblateTrainable
+from ablate.service.records.trial import pack_covered
+from ablate.service.specs.params import PACK_KEY, RECORD_KEY, config_from_params, pack_members
 from ablate.trial_log import last_step, read_rows
 
 __all__ = ["PackRun", "PackTrainable"]

@@ -2,7 +2,7 @@
 
 One Ray iteration = one report period (``report_every`` steps, fewer at the end). After each report the
 Trainable writes the experiment's state into its trial's own folder in the run directory
-(``checkpoint_<step>/state.pt``, atomically, loadable with ``weights_only=True``; :mod:`ablate.service.record`),
+(``checkpoint_<step>/state.pt``, atomically, loadable with ``weights_only=True``; :mod:`ablate.service.records.trial`),
 and at setup it continues from the newest one its result log covers: a resumed or extended run, or Ray's retry of
 a failed trial, continues from ablate's files, never from Ray's.
 """
@@ -23,15 +23,15 @@ from ablate import ray_compat
 from ablate.core.experiment import Experiment
 from ablate.pidlock import LockHeld, PidLock
 from ablate.rundir import RESULT_FILE, TRIAL_PREFIX, atomic_write
-from ablate.service.params import PACK_KEY, config_from_params, flat_params
-from ablate.service.record import CHECKPOINT_FILE, load_state, record_of, resume_point, solo_covered
-from ablate.service.record import write_checkpoint as write_checkpoint_at_step
-from ablate.service.spare_cores import SpareCoreMeter
+from ablate.service.execution.spare_cores import SpareCoreMeter
+from ablate.service.records.trial import CHECKPOINT_FILE, load_state, record_of, resume_point, solo_covered
+from ablate.service.records.trial import write_checkpoint as write_checkpoint_at_step
+from ablate.service.specs.params import PACK_KEY, config_from_params, flat_params
 from ablate.trial_log import finished, intact_rows, last_step, read_rows
 
 __all__ = ["AblateTrainable", "CHECKPOINT_FILE", "load_state", "write_checkpoint"]
 
-_log = logging.getLogger("ablate.service.trainable")
+_log = logging.getLogger("ablate.service.execution.trainable")
 
 CONFIG_FILE = "config.json"
 #: Idle cores (beyond the trial's own) that switch its batch prefetch thread on for the next report period.

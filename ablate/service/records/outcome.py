@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from ablate.rundir import INTERRUPTED, INTERRUPTED_FILE, TRIAL_PREFIX, RunError, RunReader, write_text
-from ablate.service.grids import Grid, axis_text
-from ablate.service.plan import Plan
+from ablate.service.records.plan import Plan
+from ablate.service.specs.grids import Grid, axis_text
 
 __all__ = [
     "RunOutcome",

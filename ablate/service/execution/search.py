@@ -7,14 +7,14 @@ from pathlib import Path
 from typing import Any
 
 from ablate.rundir import BEST_CONFIG_FILE, OPTUNA_DB, RESULT_FILE, TRIAL_PREFIX, optuna_storage_url
-from ablate.service.grids import Grid, n_reports
-from ablate.service.record import record_of
+from ablate.service.records.trial import record_of
+from ablate.service.specs.grids import Grid, n_reports
 
 __all__ = ["finished_samples", "save_best", "trial_dirname", "tune_config", "unfinished_points"]
 
 
 def trial_dirname(trial) -> str:
-    """A trial's folder name in the run directory: ``trial_<record id>`` (:func:`ablate.service.record.record_of`)."""
+    """A trial's folder name in the run directory: ``trial_<record id>`` (:func:`ablate.service.records.trial.record_of`)."""
     record = record_of(trial.config)
     return f"{TRIAL_PREFIX}{record['id'] if record is not None else trial.trial_id}"
 

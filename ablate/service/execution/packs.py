@@ -8,7 +8,7 @@ help only tiny steps, so ``auto`` means no packing there.
 from __future__ import annotations
 
 from ablate.config import ConfigError
-from ablate.service.grids import Grid
+from ablate.service.specs.grids import Grid
 
 __all__ = ["AUTO_MAX", "resolve_pack"]
 
@@ -42,7 +42,7 @@ def resolve_pack(value: str | int | None, grid: Grid, gpus_per_trial: float) -> 
     configs = [t.config for t in grid.trials]
     largest = max(len(g) for g in pack_groups(configs))
     total = torch.cuda.get_device_properties(0).total_memory * min(gpus_per_trial, 1.0) * _GPU_SHARE
-    from ablate.service.costs import peak_memory
+    from ablate.service.specs.costs import peak_memory
 
     fits = max(1, int(total // max(peak_memory(c, gpu=True).device for c in configs)))
     return max(1, min(AUTO_MAX, largest, fits))

@@ -1,4 +1,4 @@
-"""Grids: load and validate `ablate/search_spaces/*.yaml` (models in ablate.service.specs), expand a scale into trials and a Ray param_space.
+"""Grids: load and validate `ablate/search_spaces/*.yaml` (models in ablate.service.specs.grid), expand a scale into trials and a Ray param_space.
 
 A grid file holds::
 
@@ -39,11 +39,11 @@ from pydantic import Field
 
 from ablate.config import ConfigError, RunConfig, did_you_mean, quote, unknown_setting
 from ablate.files import read_file_text
-from ablate.service.costs import costliest_first
-from ablate.service.params import JSON_CHOICES, PACK_KEY, config_from_params
-from ablate.service.presets import scale_presets
-from ablate.service.spec_base import parse_spec, read_yaml
-from ablate.service.specs import DEFAULT_SCALE, SCALES, STOP_KEYS, GridAbout, GridFile, GridSettings, StopSpec
+from ablate.service.specs.base import parse_spec, read_yaml
+from ablate.service.specs.costs import costliest_first
+from ablate.service.specs.grid import DEFAULT_SCALE, SCALES, STOP_KEYS, GridAbout, GridFile, GridSettings, StopSpec
+from ablate.service.specs.params import JSON_CHOICES, PACK_KEY, config_from_params
+from ablate.service.specs.presets import scale_presets
 from ablate.shipped import SEARCH_SPACES, shipped_files
 
 __all__ = [

@@ -1,9 +1,9 @@
 """Runs a grid through Ray Tune: validation before Ray starts, the plan from the run's own files, the Tuner.
 
 A run lives in ``<storage>/<name>`` (see :mod:`ablate.rundir` for its files). What a run does to it is decided
-from ablate's files alone (:mod:`ablate.service.plan`); each run is one fresh Ray Tune experiment over the work
+from ablate's files alone (:mod:`ablate.service.records.plan`); each run is one fresh Ray Tune experiment over the work
 that remains, and nothing Ray writes is read back. ``ray.init`` and the cluster live in
-:mod:`ablate.service.cluster`, the search algorithm in :mod:`ablate.service.search`.
+:mod:`ablate.service.execution.cluster`, the search algorithm in :mod:`ablate.service.execution.search`.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ablate import __version__, ray_compat
+from ablate.provenance import record_provenance
 from ablate.rundir import (
     DRIVER_LOCK,
     INTERRUPTED_FILE,
@@ -30,15 +31,14 @@ from ablate.rundir import (
     sweep_stale_temps,
     write_marker,
 )
-from ablate.service.cluster import init_ray
-from ablate.service.driver_lock import one_driver
-from ablate.service.grids import Grid, GridError
-from ablate.service.memory import check_memory
-from ablate.service.outcome import RunOutcome, StorageFull, collect_outcome, full_disk, storage_full_message
-from ablate.service.params import RECORD_KEY
-from ablate.service.plan import Plan, plan_run
-from ablate.service.provenance import record_provenance
-from ablate.service.search import save_best, tune_config
+from ablate.service.execution.cluster import init_ray
+from ablate.service.execution.memory import check_memory
+from ablate.service.execution.search import save_best, tune_config
+from ablate.service.records.driver_lock import one_driver
+from ablate.service.records.outcome import RunOutcome, StorageFull, collect_outcome, full_disk, storage_full_message
+from ablate.service.records.plan import Plan, plan_run
+from ablate.service.specs.grids import Grid, GridError
+from ablate.service.specs.params import RECORD_KEY
 
 __all__ = [
     "probe_acceptance",
@@ -117,8 +117,8 @@ def _marker(grid: Grid, run_dir: str, plan: Plan | None, pack: int) -> dict[str,
 
 
 def _callbacks(tensorboard: bool) -> list:
-    """ablate's result log (:class:`ablate.service.callbacks.ResultLog`), and TensorBoard's if asked for."""
-    from ablate.service.callbacks import ResultLog
+    """ablate's result log (:class:`ablate.service.execution.callbacks.ResultLog`), and TensorBoard's if asked for."""
+    from ablate.service.execution.callbacks import ResultLog
 
     cbs: list = [ResultLog()]
     if tensorboard:
@@ -183,7 +183,7 @@ def run_grid(
 ) -> RunOutcome:
     """Run ``grid`` into the run directory ``<storage>/<name>`` through Ray Tune and return each trial's end state.
 
-    The run directory is the record (:mod:`ablate.service.plan`): a point whose trial finished is reused, one that
+    The run directory is the record (:mod:`ablate.service.records.plan`): a point whose trial finished is reused, one that
     has reports continues from its newest checkpoint, a new one starts; one fresh Ray Tune experiment runs what
     remains. So a first run, ``resume``, more seeds, a new axis value, another variant, a higher ``max_steps``
     or a ``--set`` that makes new points are the same call; ``resume`` only insists that the run exists.
@@ -246,9 +246,9 @@ def run_grid(
     from ray import tune
 
     if trainable is None and pack > 1:
-        from ablate.service.pack_trainable import PackTrainable as trainable
+        from ablate.service.execution.pack_trainable import PackTrainable as trainable
     elif trainable is None:
-        from ablate.service.trainable import AblateTrainable as trainable
+        from ablate.service.execution.trainable import AblateTrainable as trainable
     ray_info = init_ray(address, num_cpus=num_cpus, dashboard=dashboard)
     ray_compat.reclaim_sigterm()  # Ray's crash handler took SIGTERM: Python's handler (the CLI's) again
     if on_start is not None:
@@ -301,7 +301,7 @@ def _param_space(grid: Grid, plan: Plan | None, run_dir: str, keep: int) -> dict
 
 
 def _record_id(config: dict[str, Any] | None) -> str | None:
-    from ablate.service.search import record_of
+    from ablate.service.execution.search import record_of
 
     record = record_of(config or {})
     return None if record is None else record["id"]
@@ -311,7 +311,7 @@ def _samples_left(grid: Grid, run_dir: str) -> int | None:
     """An Optuna search's samples still to draw: its budget less the trials its study finished (None: a grid)."""
     if grid.search != "optuna":
         return None
-    from ablate.service.search import finished_samples
+    from ablate.service.execution.search import finished_samples
 
     return max(grid.n_trials - finished_samples(grid, run_dir), 0)
 

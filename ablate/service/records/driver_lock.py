@@ -1,4 +1,4 @@
-"""One driver per run directory: :func:`ablate.service.runner.run_grid` holds the run's lock for its whole run.
+"""One driver per run directory: :func:`ablate.service.execution.runner.run_grid` holds the run's lock for its whole run.
 
 Two ``ablate run`` (or a ``--resume``) on one run directory at once would each start Ray, write their own trial
 folders and experiment state over the other's and export every point twice. The first takes an exclusive lock

@@ -3,9 +3,9 @@
 :class:`GridFile` is a file as written (the top level, and one :class:`GridScale` per scale); each value is
 checked where it is written, so an error names the key path in the file. :meth:`GridFile.at_scale` merges the
 top level, the scale's preset and the scale's overrides into :class:`GridSettings`: what every trial of the grid
-at that scale resolves from (:class:`ablate.service.grids.Grid` adds where it came from). The Optuna search is
-:class:`ablate.service.optuna_spec.OptunaSpec`. Errors read ``<file>: <key path>: <what is allowed>``
-(:func:`ablate.service.spec_base.spec_error`).
+at that scale resolves from (:class:`ablate.service.specs.grids.Grid` adds where it came from). The Optuna search is
+:class:`ablate.service.specs.optuna.OptunaSpec`. Errors read ``<file>: <key path>: <what is allowed>``
+(:func:`ablate.service.specs.base.spec_error`).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, ConfigDict, Field, model_validator
 
 from ablate.config import RunConfig, unknown_setting
-from ablate.service.optuna_spec import OptunaSpec
-from ablate.service.spec_base import SettingName, Settings, Spec, partial
+from ablate.service.specs.base import SettingName, Settings, Spec, partial
+from ablate.service.specs.optuna import OptunaSpec
 
 __all__ = [
     "DEFAULT_SCALE",

@@ -23,7 +23,7 @@ from typing import Any
 from pydantic import Field, field_validator
 
 from ablate.config import ConfigError, RunConfig, did_you_mean
-from ablate.service.spec_base import Settings, Spec, parse_spec, read_yaml
+from ablate.service.specs.base import Settings, Spec, parse_spec, read_yaml
 from ablate.shipped import PRESETS, shipped_files
 
 __all__ = ["Preset", "PresetError", "PresetFile", "known_presets", "load_preset", "scale_presets"]

@@ -19,17 +19,9 @@ from typing import Annotated, Any, Union, get_args, get_origin
 from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, create_model
 from pydantic.fields import FieldInfo
 
-from ablate.config import (
-    QUOTE_LIMIT,
-    RunConfig,
-    YamlRefused,
-    did_you_mean,
-    quote,
-    unknown_setting,
-    yaml_loader,
-    yaml_refusal,
-)
+from ablate.config import QUOTE_LIMIT, RunConfig, did_you_mean, quote, unknown_setting
 from ablate.files import read_file_text
+from ablate.safe_yaml import YamlRefused, yaml_loader, yaml_refusal
 
 __all__ = ["SettingName", "Settings", "Spec", "parse_spec", "partial", "read_yaml", "spec_error"]
 
@@ -71,9 +63,9 @@ def read_yaml(source: str | os.PathLike, error: type[Exception], *, text: str | 
     """Safe-load a YAML mapping from the file ``source`` (or from ``text``, named ``source`` in errors).
 
     Malformed YAML raises ``error`` naming the file, line and column; a top level that is not a mapping too, and
-    YAML whose aliases would expand it past :data:`ablate.config.ALIAS_LIMIT` (an alias bomb: nine levels of nine
+    YAML whose aliases would expand it past :data:`ablate.safe_yaml.ALIAS_LIMIT` (an alias bomb: nine levels of nine
     aliases are a few hundred bytes of text and billions of values), that holds an alias inside the value it
-    names, or that nests deeper than :data:`ablate.config.DEPTH_LIMIT`: one line each, before anything is built.
+    names, or that nests deeper than :data:`ablate.safe_yaml.DEPTH_LIMIT`: one line each, before anything is built.
     """
     import yaml
 

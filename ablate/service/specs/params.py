@@ -18,7 +18,7 @@ JSON_CHOICES = "json_choices"
 PACK_KEY = "pack"
 #: Keys of a trial's param dict that are not RunConfig fields.
 META_KEYS = ("grid", "scale", "variant", "point", "record", JSON_CHOICES, PACK_KEY)
-#: Param key of where a trial's record lives in the run directory (ablate.service.plan): ``{"dir", "id", "keep"}``
+#: Param key of where a trial's record lives in the run directory (ablate.service.records.plan): ``{"dir", "id", "keep"}``
 #: (a pack's also ``members``, its members' ids).
 RECORD_KEY = "record"
 
