@@ -42,8 +42,8 @@ def faulty(counter_dir: Path, *, at_step: int, times: int = 1, variant: str | No
 
 
 def counting(log: Path, *, pack: bool = False):
-    """A Trainable class that appends its trial's record id to ``log`` each time it is built (a trial trained,
-    started or continued), so a test counts trainings, not folders."""
+    """A Trainable class that appends its trial's record id and starting step to ``log`` each time it starts
+    training (a trial started or continued), so a test counts trainings, not folders."""
     from ablate.service.execution.pack_trainable import PackTrainable
     from ablate.service.execution.trainable import AblateTrainable
     from ablate.service.records.trial import record_of
@@ -54,7 +54,13 @@ def counting(log: Path, *, pack: bool = False):
     class Counting(base):
         def _build(self, config):
             super()._build(config)
-            with log.open("a") as f:
-                f.write(f"{record_of(config)['id']} {self.experiment.step}\n")
+            self._counted = False
+
+        def step(self):
+            if not self._counted:  # the trial's first training step since it was built: one training
+                self._counted = True
+                with log.open("a") as f:
+                    f.write(f"{record_of(self.params)['id']} {self.experiment.step}\n")
+            return super().step()
 
     return Counting
