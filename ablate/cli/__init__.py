@@ -11,12 +11,12 @@ from typing import Any
 
 from ablate.analysis.text import generator_line, lambda_hat_line
 from ablate.analysis.text import text_table as _table
-from ablate.cli.args import add_grid_selection, check_options
 from ablate.cli.compare import add_compare_parser
 from ablate.cli.run import cmd_run, resume_command
 from ablate.cli.slurm import add_slurm_parser
 from ablate.columns import r2_block_lambda
 from ablate.config import ConfigError, RunConfig, parse_assignments
+from ablate.service.execution.options import add_run_options
 from ablate.service.specs.grid import DEFAULT_SCALE, SCALES
 
 __all__ = ["main"]
@@ -227,35 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="+",
         help="grid names (see `ablate list`) or paths to grid YAML files; several run one after another on one Ray",
     )
-    add_grid_selection(r)
-    r.add_argument(
-        "--storage", default="runs", help="folder holding runs, local or shared by every node (default: ./runs)"
-    )
-    r.add_argument("--address", help="join an existing Ray cluster: auto or ray://host:10001")
-    r.add_argument("--cpus-per-trial", type=float, default=1)
-    r.add_argument("--gpus-per-trial", type=float, default=0, help="fractions pack trials onto one GPU")
-    r.add_argument("--max-concurrent", type=int, help="cap on trials running at once")
-    r.add_argument(
-        "--resume",
-        action="store_true",
-        help="continue a run that exists (refused when there is none); without it, the same name continues too",
-    )
-    r.add_argument("--keep-checkpoints", type=int, default=2)
-    r.add_argument("--max-failures", type=int, default=2, help="retries of a failed trial from its checkpoint")
-    r.add_argument("--tensorboard", action="store_true", help="also write TensorBoard event files")
-    r.add_argument(
-        "--no-dashboard",
-        dest="dashboard",
-        action="store_false",
-        help="start the local Ray without its web dashboard (headless machines, a Ray without the dashboard's packages)",
-    )
-    r.add_argument(
-        "--pack",
-        metavar="K|auto",
-        help="train up to K grid points that share every shape as one batched model per trial (for GPUs; auto: "
-        "as many as fit on the trial's GPU share, none on the CPU); each point keeps its own trial folder",
-    )
-    r.add_argument("--verbose", type=int, default=1, choices=[0, 1, 2, 3])
+    add_run_options(r, "run")
     r.add_argument("--report", dest="report", action="store_true", default=True, help=argparse.SUPPRESS)
     r.add_argument(
         "--no-report", dest="report", action="store_false", help="skip writing RUN_DIR/report.html when the run ends"
@@ -350,7 +322,6 @@ def _main(argv: list[str] | None) -> int:
 
     parser = build_parser()
     args = parser.parse_args(argv)
-    check_options(parser, args)  # --cpus-per-trial 0, --name '', …: exit 2 before anything is written
     try:
         return int(args.func(args) or 0)
     except WriteError as exc:  # a full disk, a read-only --out: what could not be written, and why

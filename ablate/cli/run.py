@@ -16,6 +16,7 @@ from pathlib import Path
 
 from ablate.analysis.text import text_table as _table
 from ablate.config import ConfigError, parse_assignments
+from ablate.service.execution.options import options_from_args, resume_words
 
 __all__ = ["cmd_run", "resume_command"]
 
@@ -28,40 +29,19 @@ def _grid_names(args: argparse.Namespace) -> list[str]:
 
 
 def resume_command(args: argparse.Namespace, run_dir: str | None = None, grids: list[str] | None = None) -> str:
-    """The `ablate run … --resume` command that continues the run ``args`` started (grids, scale, preset and
-    --set as given; storage and name spelled out, so it works from any folder).
+    """The `ablate run … --resume` command that continues the run ``args`` started: its options as
+    :func:`ablate.service.execution.options.resume_words` spells them, storage and name spelled out, so it works
+    from any folder.
 
     ``grids`` (default: every grid of ``args``) are the grids still to run; with several, each keeps its
     default name, and ``--resume`` continues those that started and starts the others.
     """
-    from ablate.rundir import is_remote
-
     names = grids if grids is not None else _grid_names(args)
-    storage, name = args.storage, args.name
+    storage, name = str(Path(args.storage).expanduser().resolve()), args.name
     if run_dir is not None and len(names) == 1:
-        run_dir = str(run_dir).rstrip("/")
-        storage, name = run_dir.rsplit("/", 1)
-    elif not is_remote(storage):
-        storage = str(Path(storage).expanduser().resolve())
-    words = ["ablate", "run", *names, "--scale", args.scale]
-    if args.preset:
-        words += ["--preset", args.preset]
-    if args.set:
-        words += ["--set", *args.set]
-    words += ["--variants", args.variants] if getattr(args, "variants", None) else []
-    words += ["--storage", storage]
-    if name and len(names) == 1:
-        words += ["--name", name]
-    if getattr(args, "dashboard", True) is False:
-        words.append("--no-dashboard")
-    if getattr(args, "pack", None) is not None:
-        words += ["--pack", str(args.pack)]
-    for flag in ("address", "cpus_per_trial", "gpus_per_trial", "max_concurrent"):
-        value = getattr(args, flag, None)
-        default = {"cpus_per_trial": 1, "gpus_per_trial": 0}.get(flag)
-        if value is not None and value != default:
-            words += [f"--{flag.replace('_', '-')}", f"{value:g}" if isinstance(value, float) else str(value)]
-    return shlex.join([*words, "--resume"])
+        storage, name = str(run_dir).rstrip("/").rsplit("/", 1)
+    options = options_from_args(args, storage=storage, name=name if len(names) == 1 else None)
+    return shlex.join(["ablate", "run", *names, *resume_words(options), "--resume"])
 
 
 def _load(args: argparse.Namespace, name: str):
@@ -77,9 +57,9 @@ def _load(args: argparse.Namespace, name: str):
         grid.preset = preset.name
         if kept:
             print(f"{grid.name}: preset {preset.name}: {', '.join(kept)} stay as the grid varies them")
-    if args.set:
-        raw = {item.partition("=")[0].strip(): item.partition("=")[2] for item in args.set}
-        kept = grid.apply_settings(parse_assignments(args.set), "--set", axes_win=False)
+    if args.settings:
+        raw = {item.partition("=")[0].strip(): item.partition("=")[2] for item in args.settings}
+        kept = grid.apply_settings(parse_assignments(args.settings), "--set", axes_win=False)
         lead = f"{grid.name}: " if len(_grid_names(args)) > 1 else ""
         for key, was in grid.replaced.items():  # say so: the grid's figure has one axis fewer
             print(f"{lead}--set {key}={raw[key]}: replaces the grid's axis {key} (was {axis_text(was)})")
@@ -105,12 +85,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     twice = sorted({n for n in seen if seen.count(n) > 1})
     if twice:
         raise ConfigError(f"grid {', '.join(twice)} is named twice; each grid runs once per `ablate run`")
-    for (
-        grid
-    ) in grids:  # every grid's trials fit this machine, before the first starts (ablate.service.execution.memory)
-        pack = resolve_pack(getattr(args, "pack", None), grid, args.gpus_per_trial)
+    for grid in grids:  # every grid's trials fit this machine, before the first starts (execution.memory)
+        pack = resolve_pack(getattr(args, "pack", None), grid, args.gpus_per_trial or 0.0)
         check_memory(
-            grid, args.cpus_per_trial, args.gpus_per_trial, args.max_concurrent, address=args.address, pack=pack
+            grid, args.cpus_per_trial, args.gpus_per_trial or 0.0, args.max_concurrent, address=args.address, pack=pack
         )
     codes = []
     with run_signals() as signals:  # SIGTERM as Ctrl-C; a run a signal stopped leaves no Ray process behind
@@ -136,7 +114,6 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _run_one(args: argparse.Namespace, grid) -> int:
     from ablate.service.execution.cluster import auth_hint
-    from ablate.service.execution.packs import resolve_pack
     from ablate.service.execution.runner import run_grid
     from ablate.service.records.outcome import StorageFull, summary_rows
     from ablate.service.specs.grids import natural_key
@@ -152,19 +129,7 @@ def _run_one(args: argparse.Namespace, grid) -> int:
     try:
         outcome = run_grid(
             grid,
-            storage=args.storage,
-            name=args.name,
-            address=args.address,
-            cpus_per_trial=args.cpus_per_trial,
-            gpus_per_trial=args.gpus_per_trial,
-            max_concurrent=args.max_concurrent,
-            resume=args.resume,
-            keep_checkpoints=args.keep_checkpoints,
-            max_failures=args.max_failures,
-            tensorboard=args.tensorboard,
-            dashboard=getattr(args, "dashboard", True),
-            pack=resolve_pack(getattr(args, "pack", None), grid, args.gpus_per_trial),
-            verbose=args.verbose,
+            options_from_args(args),
             on_start=announce,
             on_plan=lambda plan: print(f"{grid.name}: {plan.summary()}", flush=True),
         )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ablate.cli.args import add_grid_selection
+from ablate.service.execution.options import add_run_options, options_from_args
 
 __all__ = ["add_slurm_parser", "cmd_slurm"]
 
@@ -15,10 +15,8 @@ def cmd_slurm(args: argparse.Namespace) -> int:
     from ablate.service.execution.slurm import job_output, slurm_job, submit, write_script
 
     job = slurm_job(
-        args.grid, scale=args.scale, storage=args.storage, name=args.name, preset=args.preset,
-        variants=args.variants, settings=args.set or [], pack=args.pack, nodes=args.nodes,
-        gpus_per_node=args.gpus_per_node, cpus_per_node=args.cpus_per_node, cpus_per_trial=args.cpus_per_trial,
-        gpus_per_trial=args.gpus_per_trial, partition=args.partition, time=args.time, dashboard=args.dashboard,
+        args.grid, options_from_args(args), nodes=args.nodes, gpus_per_node=args.gpus_per_node,
+        cpus_per_node=args.cpus_per_node, partition=args.partition, time=args.time,
     )  # fmt: skip
     path = write_script(job)
     print(f"wrote {path}  (run directory: {job.run_dir})")
@@ -39,18 +37,11 @@ def add_slurm_parser(sub: Any) -> None:
         help="write a SLURM batch script that runs a grid on Ray across the job's nodes and resumes it after a requeue",
     )
     s.add_argument("grid", help="a grid name (see `ablate list`) or a path to a grid YAML file")
-    add_grid_selection(s)
-    s.add_argument("--storage", default="runs", help="a folder every node reaches (shared file system); default ./runs")
-    s.add_argument("--pack", metavar="K|auto", help="grid points per batched trial (as `ablate run --pack`)")
+    add_run_options(s, "slurm")
     s.add_argument("--nodes", type=int, default=1, help="nodes of the job (default 1): the Ray head and workers")
     s.add_argument("--gpus-per-node", type=int, default=0, help="GPUs per node (default 0)")
     s.add_argument("--cpus-per-node", type=int, help="CPUs per node (default: what the cluster gives a task)")
-    s.add_argument("--cpus-per-trial", type=float, default=1)
-    s.add_argument("--gpus-per-trial", type=float, help="default: 1 when the nodes have GPUs, else 0")
     s.add_argument("--partition", help="the SLURM partition")
     s.add_argument("--time", help="the job's time limit (SLURM's format, e.g. 2:00:00 or 1-0)")
-    s.add_argument(
-        "--no-dashboard", dest="dashboard", action="store_false", help="start the Ray head without its dashboard"
-    )
     s.add_argument("--submit", action="store_true", help="submit the script with sbatch and print the job id")
     s.set_defaults(func=cmd_slurm)

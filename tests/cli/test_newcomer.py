@@ -98,7 +98,7 @@ def test_variants_choose_a_subset_of_a_grid_and_travel_into_the_resume_command()
         grid="anisotropy",
         scale="laptop",
         preset=None,
-        set=["max_steps=20000"],
+        settings=["max_steps=20000"],
         variants="infonce,aninfonce",
         storage="/r",
         name=None,

@@ -33,6 +33,8 @@ from ablate.rundir import (
 )
 from ablate.service.execution.cluster import init_ray
 from ablate.service.execution.memory import check_memory
+from ablate.service.execution.options import RunOptions, build_options
+from ablate.service.execution.packs import resolve_pack
 from ablate.service.execution.search import save_best, tune_config
 from ablate.service.records.driver_lock import one_driver
 from ablate.service.records.outcome import RunOutcome, StorageFull, collect_outcome, full_disk, storage_full_message
@@ -159,27 +161,15 @@ def has_run_state(storage: str, name: str) -> bool:
     return not is_remote(run_dir) and Path(run_dir, RUN_MARKER).is_file()
 
 
-@one_driver(lambda grid, name: name or default_run_name(grid))
 def run_grid(
     grid: Grid,
+    options: RunOptions | None = None,
     *,
-    storage: str = "runs",
-    name: str | None = None,
-    address: str | None = None,
-    cpus_per_trial: float = 1,
-    gpus_per_trial: float = 0,
-    max_concurrent: int | None = None,
-    resume: bool = False,
-    keep_checkpoints: int = 2,
-    max_failures: int = 2,
-    tensorboard: bool = False,
-    num_cpus: int | None = None,
-    dashboard: bool = True,
-    pack: int = 1,
-    verbose: int = 1,
     on_start=None,
     on_plan=None,
     trainable=None,
+    num_cpus: int | None = None,
+    **fields: Any,
 ) -> RunOutcome:
     """Run ``grid`` into the run directory ``<storage>/<name>`` through Ray Tune and return each trial's end state.
 
@@ -188,13 +178,35 @@ def run_grid(
     remains. So a first run, ``resume``, more seeds, a new axis value, another variant, a higher ``max_steps``
     or a ``--set`` that makes new points are the same call; ``resume`` only insists that the run exists.
 
-    Everything is validated before Ray starts: the grid, the sampler's acceptance, the storage.
+    ``options`` (:class:`ablate.service.execution.options.RunOptions`; ``fields`` are set over them, e.g.
+    ``run_grid(grid, storage="runs", name="try1", max_failures=0)``) say where and how: the grid is already
+    resolved, so their scale, preset, ``--set`` and variants are not applied here. Everything is validated
+    before Ray starts: the grid, the sampler's acceptance, the storage.
     ``on_plan(plan)`` is called once the plan is made and ``on_start(run_dir, dashboard_url)`` once Ray is up (the
     CLI prints both). ``dashboard=False`` starts a local Ray without its web dashboard. ``pack`` > 1 trains up to
     that many grid points that share every shape and code path as one batched model per Ray trial; a run keeps
     the packing it started with. ``trainable``: the Trainable class to run (tests pass a subclass that injects
     faults); by default ablate's own.
     """
+    opts = build_options(options, **fields)
+    return _run_locked(grid, opts, on_start=on_start, on_plan=on_plan, trainable=trainable, num_cpus=num_cpus)
+
+
+@one_driver(lambda grid, opts: resolve_run_dir(opts.storage, opts.name or default_run_name(grid)))
+def _run_locked(grid: Grid, opts: RunOptions, *, on_start, on_plan, trainable, num_cpus: int | None) -> RunOutcome:
+    storage, name, address, resume = opts.storage, opts.name, opts.address, opts.resume
+    cpus_per_trial, gpus_per_trial, max_concurrent = (
+        opts.cpus_per_trial,
+        opts.gpus_per_trial or 0.0,
+        opts.max_concurrent,
+    )
+    keep_checkpoints, max_failures, tensorboard, dashboard = (
+        opts.keep_checkpoints,
+        opts.max_failures,
+        opts.tensorboard,
+        opts.dashboard,
+    )
+    verbose, pack = opts.verbose, resolve_pack(opts.pack, grid, opts.gpus_per_trial or 0.0)
     run_name = name or default_run_name(grid)
     run_dir = resolve_run_dir(storage, run_name)
     if is_remote(run_dir):

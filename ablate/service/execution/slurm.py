@@ -31,10 +31,12 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ablate.config import ConfigError
 from ablate.files import atomic_write
 from ablate.rundir import RunError, check_run_name, is_remote
+from ablate.service.execution.options import RunOptions, build_options, resume_words
 
 __all__ = [
     "SlurmJob",
@@ -114,28 +116,27 @@ def _check_word(value: str, flag: str) -> str:
 
 def slurm_job(
     grid: str,
+    options: RunOptions | None = None,
     *,
-    scale: str,
-    storage: str = "runs",
-    name: str | None = None,
-    preset: str | None = None,
-    variants: str | None = None,
-    settings: list[str] | tuple[str, ...] = (),
-    pack: str | None = None,
     nodes: int = 1,
     gpus_per_node: int = 0,
     cpus_per_node: int | None = None,
-    cpus_per_trial: float = 1,
-    gpus_per_trial: float | None = None,
     partition: str | None = None,
     time: str | None = None,
-    dashboard: bool = True,
+    **fields: Any,
 ) -> SlurmJob:
     """Check the job (the grid loads with its preset, settings and variants; sizes and names are valid) and
     return it; the first problem is a one-line :class:`ConfigError` or :class:`RunError`. Nothing is written.
 
-    ``gpus_per_trial`` None: one GPU per trial when the nodes have GPUs, else none."""
+    ``options`` (with ``fields`` over them) are the run's options, as `ablate run` takes them
+    (:class:`ablate.service.execution.options.RunOptions`); ``gpus_per_trial`` None: one GPU per trial when the
+    nodes have GPUs, else none."""
     from ablate.config import parse_assignments
+
+    opts = build_options(options, **fields)
+    scale, storage, name, preset, variants = opts.scale, opts.storage, opts.name, opts.preset, opts.variants
+    settings, pack, dashboard = tuple(opts.settings or ()), opts.pack, opts.dashboard
+    cpus_per_trial, gpus_per_trial = opts.cpus_per_trial, opts.gpus_per_trial
     from ablate.service.execution.runner import default_run_name
     from ablate.service.specs.grids import load_grid, resolve_grid_path
 
@@ -187,7 +188,7 @@ def slurm_job(
             )
     return SlurmJob(
         grid=grid_ref, storage=folder, name=run, scale=scale, preset=preset, variants=variants,
-        settings=tuple(settings), pack=None if pack is None else str(pack), nodes=nodes, gpus_per_node=gpus_per_node,
+        settings=settings, pack=None if pack is None else str(pack), nodes=nodes, gpus_per_node=gpus_per_node,
         cpus_per_node=cpus_per_node, cpus_per_trial=cpus_per_trial, gpus_per_trial=gpus, partition=partition,
         time=time, dashboard=dashboard,
     )  # fmt: skip
@@ -204,18 +205,14 @@ def job_output(job: SlurmJob, job_id: str = "%j") -> str:
 
 
 def _run_words(job: SlurmJob) -> list[str]:
-    words = [job.python, "-m", "ablate.cli", "run", job.grid, "--scale", job.scale]
-    if job.preset:
-        words += ["--preset", job.preset]
-    if job.variants:
-        words += ["--variants", job.variants]
-    if job.settings:
-        words += ["--set", *job.settings]
-    words += ["--storage", job.storage, "--name", job.name]
-    words += ["--cpus-per-trial", f"{job.cpus_per_trial:g}", "--gpus-per-trial", f"{job.gpus_per_trial:g}"]
-    if job.pack is not None:
-        words += ["--pack", job.pack]
-    return words
+    """The `ablate run` of the job, its options spelled as :func:`ablate.service.execution.options.resume_words`
+    spells them (a requeued start continues the run: the same command)."""
+    opts = RunOptions(
+        scale=job.scale, preset=job.preset, settings=list(job.settings) or None, variants=job.variants,
+        storage=job.storage, name=job.name, cpus_per_trial=job.cpus_per_trial, gpus_per_trial=job.gpus_per_trial,
+        pack=job.pack, dashboard=True,
+    )  # fmt: skip
+    return [job.python, "-m", "ablate.cli", "run", job.grid, *resume_words(opts)]
 
 
 def render_script(job: SlurmJob) -> str:

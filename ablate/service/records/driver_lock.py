@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ablate.pidlock import LockHeld, PidLock
-from ablate.rundir import DRIVER_LOCK, RunError, check_writable, is_remote, resolve_run_dir
+from ablate.rundir import DRIVER_LOCK, RunError, check_writable, is_remote
 
 __all__ = ["busy_message", "one_driver"]
 
@@ -32,26 +32,23 @@ def busy_message(run_dir: str, holder: dict[str, Any]) -> str:
     return f"{run_dir} is being written by {who}; wait for it or stop it"
 
 
-def one_driver(run_name: Callable[[Any, str | None], str]):
-    """Decorate ``run_grid(grid, *, storage, name, resume, ...)`` to hold ``<storage>/<run_name(grid, name)>``'s
-    driver lock for the whole call.
+def one_driver(run_dir_of: Callable[[Any, Any], str]):
+    """Decorate ``run(grid, opts, **kwargs)`` (``opts`` a RunOptions: ``storage``, ``name``, ``resume``) to hold
+    the driver lock of the run directory ``run_dir_of(grid, opts)`` for the whole call.
 
     Taken after the storage proved writable and before the call writes anything or starts Ray; a second
     driver gets a :class:`RunError` naming the holder. A run folder the call created is removed again when the
     call fails before writing anything into it (bad input leaves no empty run). A ``--resume`` of a folder
-    that does not exist, and remote storage, go through unlocked (there the call says why, or nothing can lock).
+    that does not exist goes through unlocked (the call says why).
     """
 
     def decorate(run):
         @functools.wraps(run)
-        def locked(grid, *, storage: str = "runs", name: str | None = None, resume: bool = False, **kwargs):
-            def go():
-                return run(grid, storage=storage, name=name, resume=resume, **kwargs)
-
-            run_dir = resolve_run_dir(storage, run_name(grid, name))
-            if is_remote(run_dir) or (resume and not Path(run_dir).exists()):
-                return go()
-            check_writable(storage)
+        def locked(grid, opts, **kwargs):
+            run_dir = run_dir_of(grid, opts)
+            if is_remote(run_dir) or (opts.resume and not Path(run_dir).exists()):
+                return run(grid, opts, **kwargs)
+            check_writable(opts.storage)
             fresh = not Path(run_dir).exists()
             lock = PidLock(Path(run_dir, DRIVER_LOCK))
             try:
@@ -59,7 +56,7 @@ def one_driver(run_name: Callable[[Any, str | None], str]):
             except LockHeld as exc:
                 raise RunError(busy_message(run_dir, exc.holder)) from None
             try:
-                return go()
+                return run(grid, opts, **kwargs)
             except BaseException:
                 with contextlib.suppress(OSError):
                     if fresh and [p.name for p in Path(run_dir).iterdir()] == [DRIVER_LOCK]:
