@@ -22,6 +22,11 @@ __all__ = ["cmd_run", "resume_command"]
 
 #: Rows of the end-of-run summary table; a larger grid's full table is `ablate status RUN`.
 SUMMARY_ROWS = 60
+#: A grid of more trials starts only with --yes (a typo in an axis can make thousands).
+ASK_ABOVE_TRIALS = 2000
+#: Wall seconds of Ray Tune's bookkeeping per Ray trial on one slot (start, reports, end), measured on the 2-core
+#: development machine: `python -m benchmarks --only bookkeeping --trials 1000` (docs/performance.md).
+TRIAL_OVERHEAD_S = 1.2
 
 
 def _grid_names(args: argparse.Namespace) -> list[str]:
@@ -70,6 +75,33 @@ def _load(args: argparse.Namespace, name: str):
     return grid
 
 
+def size_line(grid, args: argparse.Namespace, pack: int) -> str:
+    """``<grid>: N trials …`` with a floor on its wall time (Ray's bookkeeping alone, :data:`TRIAL_OVERHEAD_S` a
+    Ray trial, on the slots this machine gives); above :data:`ASK_ABOVE_TRIALS` trials, a :class:`ConfigError`
+    unless ``--yes``: a grid that large is usually a typo in an axis, and its Ray bookkeeping alone takes long."""
+    import os
+
+    n = grid.n_trials
+    ray_trials = -(-n // max(pack, 1))
+    slots = max(1, int((os.cpu_count() or 1) // max(args.cpus_per_trial, 1e-9)))
+    if args.max_concurrent:
+        slots = min(slots, args.max_concurrent)
+    floor = ray_trials * TRIAL_OVERHEAD_S / (slots if not args.address else max(slots, 1))
+    line = f"{grid.name}: {n} trials at scale {grid.scale}; at least {_duration(floor)} of Ray's bookkeeping alone"
+    line += " on this machine" if not args.address else " (this machine's rate; a cluster has more slots)"
+    if n > ASK_ABOVE_TRIALS and not getattr(args, "yes", False):
+        raise ConfigError(f"{line}: more than {ASK_ABOVE_TRIALS} trials; add --yes to start them")
+    return line
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     """Run every grid named on the command line, in order; stop at the first that is interrupted."""
     from ablate.service.execution.memory import check_memory
@@ -90,6 +122,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         check_memory(
             grid, args.cpus_per_trial, args.gpus_per_trial or 0.0, args.max_concurrent, address=args.address, pack=pack
         )
+        print(size_line(grid, args, pack), flush=True)
     codes = []
     with run_signals() as signals:  # SIGTERM as Ctrl-C; a run a signal stopped leaves no Ray process behind
         for i, (name, grid) in enumerate(zip(names, grids)):
