@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 TORCH_SPEC  ?= torch==2.13.0
 TORCH_INDEX ?=
 
-.PHONY: setup run test test-fast lint clean
+.PHONY: setup run test test-fast test-ray-low lint clean
 
 $(BIN)/ablate: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,9 +27,23 @@ test: setup
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not ray and not browser" --durations=10
 
+# the lowest Ray ablate supports (pyproject: ray>=2.52): the Ray-marked tests again, in a second venv
+RAY_LOW ?= 2.52.0
+LOW     := .venv-ray-low/bin
+$(LOW)/ablate: pyproject.toml
+	$(PYTHON) -m venv .venv-ray-low
+	$(LOW)/python -m pip install -q --upgrade pip
+	$(LOW)/python -m pip install -q $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH_SPEC)"
+	$(LOW)/python -m pip install -q -e ".[test]" "ray[tune,default]==$(RAY_LOW)"
+	touch $(LOW)/ablate
+
+test-ray-low: $(LOW)/ablate
+	$(LOW)/python -c "import ray; assert ray.__version__ == '$(RAY_LOW)', ray.__version__"
+	$(LOW)/python -m pytest -q -m ray --durations=10
+
 lint: setup
 	$(BIN)/ruff check ablate tests benchmarks
 	$(BIN)/ruff format --check ablate tests benchmarks
 
 clean:
-	rm -rf $(VENV)
+	rm -rf $(VENV) .venv-ray-low
