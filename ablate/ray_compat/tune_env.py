@@ -9,5 +9,8 @@ def set_tune_environment(num_cpus: int | None) -> None:
     """Tune settings read from the environment (Ray Tune's documented env variables), unless already set."""
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")  # ablate adds its own result log
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # the classic progress table (CLIReporter)
+    # ablate never reads Tune's experiment snapshots (the run directory is its own record): take one an hour at
+    # most, not one per step, which for a grid of thousands of trials costs more than the trials
+    os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "3600")
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     os.environ.setdefault("TUNE_MAX_PENDING_TRIALS_PG", str(max(4, (num_cpus or os.cpu_count() or 2) * 2)))
