@@ -25,7 +25,7 @@ from ablate.core.pack_fields import can_pack
 from ablate.rundir import RESULT_FILE, TRIAL_PREFIX
 from ablate.service.execution.trainable import SPARE_CORES_FOR_PREFETCH, AblateTrainable
 from ablate.service.records.trial import pack_covered
-from ablate.service.specs.params import PACK_KEY, RECORD_KEY, config_from_params, pack_members
+from ablate.service.specs.params import PACK_KEY, RECORD_KEY, config_from_params, flat_params, pack_members
 from ablate.trial_log import last_step, read_rows
 
 __all__ = ["PackRun", "PackTrainable"]
@@ -116,6 +116,7 @@ class PackTrainable(AblateTrainable):
     """Ray Tune Trainable of one pack; ``config`` is the pack trial's param dict (shared settings + ``pack``)."""
 
     def _build(self, config: dict[str, Any]) -> None:
+        config = flat_params(config)  # a run's unit travels under "point": its pack and its record
         if PACK_KEY not in config:
             raise ValueError(f"trial {self.trial_name}: its config has no pack (keys: {sorted(config)})")
         self.params = dict(config)

@@ -35,8 +35,9 @@ def flat_params(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def pack_members(config: dict[str, Any]) -> list[dict[str, Any]]:
-    """Each member's settings (as :func:`flat_params` gives a solo trial's) from a pack trial's config; ``[]`` for
-    a config that is not a pack's."""
+    """Each member's settings (as :func:`flat_params` gives a solo trial's) from a pack trial's config (its pack at
+    the top or in its unit under ``point``); ``[]`` for a config that is not a pack's."""
+    config = flat_params(config)
     points = config.get(PACK_KEY)
     if not isinstance(points, list):
         return []
