@@ -320,7 +320,8 @@ def _record_id(config: dict[str, Any] | None) -> str | None:
 
 
 def _samples_left(grid: Grid, run_dir: str) -> int | None:
-    """An Optuna search's samples still to draw: its budget less the trials its study finished (None: a grid)."""
+    """An Optuna search's samples still to run: its budget less the trials its study finished (None: a grid); the
+    trials a stopped driver left running are among them (evaluated again first, :mod:`.search`)."""
     if grid.search != "optuna":
         return None
     from ablate.service.execution.search import finished_samples

@@ -70,9 +70,9 @@ def tune_config(grid: Grid, max_concurrent: int | None, run_dir: str | None = No
     """Ray Tune's TuneConfig for ``grid``: every point once (grid search), or Optuna's TPE sampler with ASHA.
 
     An Optuna grid keeps its study in ``RUN_DIR/optuna.db`` (study name = grid name), so ``optuna.load_study``,
-    optuna-dashboard and the report read it, and a later run of the search continues it: the trials a stopped
-    driver left running are evaluated first (each continues from its checkpoint) and ``n_samples`` (the budget
-    left) more are drawn.
+    optuna-dashboard and the report read it, and a later run of the search continues it: ``n_samples`` (the budget
+    less the trials the study finished) are run, first the trials a stopped driver left running (each continues
+    from its checkpoint), then new ones.
     """
     from ray import tune
 
@@ -122,7 +122,7 @@ def tune_config(grid: Grid, max_concurrent: int | None, run_dir: str | None = No
         mode=opt.mode,
         search_alg=ConcurrencyLimiter(searcher, max_concurrent=limit),
         scheduler=scheduler,
-        num_samples=samples + len(again),
+        num_samples=samples,  # the continued trials are part of the budget left: evaluated first
         reuse_actors=True,
         trial_dirname_creator=trial_dirname,
     )
