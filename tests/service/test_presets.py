@@ -7,6 +7,7 @@ import pytest
 from ablate.cli import main
 from ablate.config import RESUME_MAY_CHANGE, TRAINING_FIELDS, RunConfig
 from ablate.service.specs.grids import load_grid
+from ablate.service.specs.params import config_from_params
 from ablate.service.specs.presets import PresetError, known_presets, load_preset
 
 
@@ -82,7 +83,7 @@ def test_run_with_an_unknown_preset_fails_before_ray(capsys):
     assert "unknown preset 'nope'" in capsys.readouterr().err
 
 
-def test_run_with_a_preset_records_it_and_resume_must_name_it(ray_session, tmp_path, capsys):
+def test_run_with_a_preset_records_it_and_a_run_without_it_makes_new_points(ray_session, tmp_path, capsys):
     import json
 
     small = ["--set", "max_steps=10", "batch_size=16", "encoder_widths=[2,2]", "report_every=5"]
@@ -94,5 +95,9 @@ def test_run_with_a_preset_records_it_and_resume_must_name_it(ray_session, tmp_p
     params = [json.loads(p.read_text()) for p in run_dir.glob("trial_*/params.json")]
     assert params and all(p["lr"] == lr and p["batch_size"] == 16 for p in params)
     capsys.readouterr()
-    assert main([*base, "--name", run_dir.name, "--resume", *small]) == 2
-    assert "with preset 'fast'" in capsys.readouterr().err
+    # the preset's settings are science: the same grid without it is other points, run beside the preset's
+    assert main([*base, "--name", run_dir.name, "--resume", *small]) == 0
+    assert f"{len(params)} points: 0 reused, 0 continued, {len(params)} started" in capsys.readouterr().out
+    both = [json.loads(p.read_text()) for p in run_dir.glob("trial_*/params.json")]
+    lrs = {config_from_params(p).lr for p in both}
+    assert len(lrs) == 2 and lr in lrs and len(both) == 2 * len(params)
