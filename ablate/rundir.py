@@ -23,7 +23,7 @@ Layout of a run directory::
     ablate_driver.lock         locked by the live `ablate run` writing the run: pid, host, start (DRIVER_LOCK)
     trial_pack-<key>/pack.json a pack's folder (checkpoints of its members' stacked state): its members' ids
 
-Ray Tune also writes its own files at the root (experiment_state-*.json, tuner.pkl, …): ablate never reads them.
+Ray Tune's own files (experiment snapshots, tuner.pkl, error.pkl) never enter a run directory (see the runner).
 """
 
 from __future__ import annotations

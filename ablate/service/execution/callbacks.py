@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from pathlib import Path
@@ -102,7 +103,8 @@ class ResultLog(Callback):
         text = json.dumps({"error": (lines[-1] if lines else "the trial failed")[-2000:]}, indent=1)
         for folder in _folders(trial):
             if folder.is_dir():
-                atomic_write(folder / ERROR_FILE, lambda p, t=text: p.write_text(t))
+                with contextlib.suppress(OSError):  # a full disk: the run's outcome still names the error
+                    atomic_write(folder / ERROR_FILE, lambda p, t=text: p.write_text(t))
 
 
 def _settings(params: dict[str, Any]) -> dict[str, Any]:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -266,13 +268,17 @@ def _run_locked(grid: Grid, opts: RunOptions, *, on_start, on_plan, trainable, n
     if on_start is not None:
         on_start(run_dir, ray_info["dashboard_url"])
 
+    # Ray Tune's own files (its experiment snapshots, each trial's error.txt/error.pkl) go to a folder of the
+    # driver's, never into the run directory: nothing Ray writes is part of the record, and a full run directory
+    # cannot tear a file Ray reads back. No Ray checkpoints and no synced artifacts: no worker writes there.
+    ray_storage = tempfile.mkdtemp(prefix=f"ablate-tune-{run_name}-")
     tuner = tune.Tuner(
         tune.with_resources(trainable, {"cpu": cpus_per_trial, "gpu": gpus_per_trial}),
         param_space=_param_space(grid, plan, run_dir, keep_checkpoints),
         tune_config=tune_config(grid, max_concurrent, run_dir, n_samples=_samples_left(grid, run_dir)),
         run_config=tune.RunConfig(
             name=run_name,
-            storage_path=str(Path(storage).expanduser().resolve()),
+            storage_path=ray_storage,
             checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=0, checkpoint_at_end=False),
             failure_config=tune.FailureConfig(max_failures=max_failures),
             callbacks=_callbacks(tensorboard),
@@ -288,6 +294,11 @@ def _run_locked(grid: Grid, opts: RunOptions, *, on_start, on_plan, trainable, n
         if full is None:
             raise
         raise StorageFull(storage_full_message(full, run_dir)) from exc
+    finally:
+        if tensorboard:
+            _log.warning("TensorBoard's event files: %s", ray_storage)
+        else:
+            shutil.rmtree(ray_storage, ignore_errors=True)
     errors = {}
     for result in results:
         if result.error is not None:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import errno
 import json
 import math
+import os
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,6 +55,17 @@ def storage_full_message(exc: OSError | None, run_dir: str) -> str:
         f"could not write {what} ({reason}) while running {run_dir}; nothing finished was lost "
         "(finished reports and checkpoints stay on disk): free some space, then resume"
     )
+
+
+def _full_in_text(text: str) -> OSError | None:
+    """The full disk a trial's error names in its text (Ray hands a trial's error back as its traceback's text, or
+    wrapped without the OSError's errno): ``cannot write FILE (No space left on device)``."""
+    for code in _FULL:
+        reason = os.strerror(code)
+        if reason in text:
+            found = re.search(r"cannot write (\S+) \(" + re.escape(reason), text)
+            return OSError(code, reason, found[1] if found else None)
+    return None
 
 
 @dataclass
@@ -128,8 +141,8 @@ def collect_outcome(
         message = f"{type(error).__name__}: {error}" if error is not None else state.get("error")
         outcome.trials.append(TrialOutcome(trial_id, _label(params, grid), status, params, last, message))
     for error in errors.values():
-        full = full_disk(error)
-        if full is not None or "No space left on device" in str(error):
+        full = full_disk(error) or _full_in_text(str(error))
+        if full is not None:
             outcome.storage_full = storage_full_message(full, run_dir)
             break
     if outcome.interrupted:

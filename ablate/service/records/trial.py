@@ -14,7 +14,9 @@ Nothing here imports Ray; torch only to read and write a checkpoint.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import json
 import logging
 import os
@@ -119,8 +121,15 @@ def write_checkpoint(trial_dir: str | os.PathLike, state: dict[str, Any], keep: 
     import torch
 
     folder = Path(trial_dir) / f"{CHECKPOINT_PREFIX}{int(state['step']):09d}"
+    buffer = io.BytesIO()  # serialised first: a full disk is then an OSError of the write, not torch's stream error
+    torch.save(state, buffer)
     folder.mkdir(parents=True, exist_ok=True)
-    atomic_write(folder / CHECKPOINT_FILE, lambda p: torch.save(state, p))
+    try:
+        atomic_write(folder / CHECKPOINT_FILE, lambda p: p.write_bytes(buffer.getbuffer()))
+    except OSError:
+        with contextlib.suppress(OSError):
+            folder.rmdir()  # only if empty: a checkpoint written before stays
+        raise
     existing = checkpoint_folders(trial_dir)
     steps = [int(p.name.removeprefix(CHECKPOINT_PREFIX)) for p in existing]
     covered = next((p for p, s in zip(existing, steps) if logged is not None and s <= logged), None)
@@ -139,6 +148,8 @@ def resume_point(
     report up to the checkpoint is in the log), or None: the trial starts from step 0. Each checkpoint passed
     over is logged."""
     for folder in checkpoint_folders(trial_dir):
+        if not (folder / CHECKPOINT_FILE).is_file():
+            continue  # a checkpoint whose write never finished (a kill, a full disk)
         try:
             state = load_state(folder, map_location)
         except RuntimeError as exc:
