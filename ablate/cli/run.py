@@ -24,8 +24,8 @@ __all__ = ["cmd_run", "resume_command"]
 SUMMARY_ROWS = 60
 #: A grid of more trials starts only with --yes (a typo in an axis can make thousands).
 ASK_ABOVE_TRIALS = 2000
-#: Wall seconds of Ray Tune's bookkeeping per Ray trial on one slot (start, reports, end), measured on the 2-core
-#: development machine: `python -m benchmarks --only bookkeeping --trials 1000` (docs/performance.md).
+#: Wall seconds of Ray Tune's bookkeeping per Ray trial on one slot (start, reports, end): 2 slots / 1.66 trials/s,
+#: `python -m benchmarks --only bookkeeping --trials 1000` on the 2-core development machine (docs/performance.md).
 TRIAL_OVERHEAD_S = 1.2
 
 
