@@ -17,7 +17,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["WriteError", "atomic_write", "read_file_text", "sweep_stale_temps"]
+__all__ = [
+    "WriteError",
+    "atomic_write",
+    "is_remote",
+    "read_file_text",
+    "remove_file",
+    "sweep_stale_temps",
+    "write_text",
+]
 
 
 class WriteError(OSError):
@@ -94,3 +102,47 @@ def read_file_text(path: str | os.PathLike, error: type[Exception]) -> str:
         ) from None
     except OSError as exc:
         raise error(f"{path}: cannot read: {exc.strerror}") from None
+
+
+def is_remote(uri: str | os.PathLike) -> bool:
+    """True for a pyarrow filesystem URI (``s3://``, ``gs://``); False for a local path or ``file://``."""
+    text = str(uri)
+    return "://" in text and not text.startswith("file://")
+
+
+def local_path(uri: str | os.PathLike) -> Path:
+    """The local path of ``uri`` (a path, or ``file://``)."""
+    return Path(str(uri).removeprefix("file://"))
+
+
+def write_text(target: str | os.PathLike, text: str) -> str:
+    """Write ``text`` to a local path (atomically, creating folders) or a remote URI; return the target."""
+    target = str(target)
+    if is_remote(target):
+        import pyarrow.fs as pafs
+
+        fs, path = pafs.FileSystem.from_uri(target)
+        fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+        with fs.open_output_stream(path) as f:
+            f.write(text.encode())
+        return target
+    path = local_path(target)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise WriteError.of(path, exc) from exc
+    atomic_write(path, lambda p: p.write_text(text, encoding="utf-8"))
+    return target
+
+
+def remove_file(target: str | os.PathLike) -> None:
+    """Delete a file at a local path or a remote URI; a missing file is fine."""
+    target = str(target)
+    if is_remote(target):
+        import pyarrow.fs as pafs
+
+        fs, path = pafs.FileSystem.from_uri(target)
+        if fs.get_file_info(path).type == pafs.FileType.File:
+            fs.delete_file(path)
+        return
+    local_path(target).unlink(missing_ok=True)

@@ -34,7 +34,15 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ablate.files import WriteError, atomic_write, sweep_stale_temps  # re-exported: the run directory's writes
+from ablate.files import (  # re-exported: the run directory's writes
+    WriteError,
+    atomic_write,
+    is_remote,
+    local_path,
+    remove_file,
+    sweep_stale_temps,
+    write_text,
+)
 from ablate.pidlock import lock_holder
 from ablate.trial_log import intact_rows, trial_status
 
@@ -117,16 +125,6 @@ class RunError(RuntimeError):
     """A run cannot start, resume or be read; the message says why and what to do."""
 
 
-def is_remote(uri: str | os.PathLike) -> bool:
-    """True for a pyarrow filesystem URI (``s3://``, ``gs://``); False for a local path or ``file://``."""
-    text = str(uri)
-    return "://" in text and not text.startswith("file://")
-
-
-def _local(uri: str | os.PathLike) -> Path:
-    return Path(str(uri).removeprefix("file://"))
-
-
 def check_run_name(name: str) -> str:
     """``name`` if it is one folder name (no ``/`` or ``\\``, not empty, ``.`` or ``..``), else :class:`RunError`:
     a run lives directly in its storage, never outside it."""
@@ -148,52 +146,19 @@ def resolve_run_dir(storage: str, name: str) -> str:
     check_run_name(name)
     if is_remote(storage):
         return storage.rstrip("/") + "/" + name
-    return str(_local(storage).expanduser().resolve() / name)
+    return str(local_path(storage).expanduser().resolve() / name)
 
 
 def optuna_storage_url(run_dir: str | os.PathLike) -> str:
     """SQLAlchemy URL of a local run's Optuna study (``sqlite:///RUN_DIR/optuna.db``)."""
-    return f"sqlite:///{_local(run_dir).resolve() / OPTUNA_DB}"
-
-
-def write_text(target: str | os.PathLike, text: str) -> str:
-    """Write ``text`` to a local path (atomically, creating folders) or a remote URI; return the target."""
-    target = str(target)
-    if is_remote(target):
-        import pyarrow.fs as pafs
-
-        fs, path = pafs.FileSystem.from_uri(target)
-        fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
-        with fs.open_output_stream(path) as f:
-            f.write(text.encode())
-        return target
-    path = _local(target)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise WriteError.of(path, exc) from exc
-    atomic_write(path, lambda p: p.write_text(text, encoding="utf-8"))
-    return target
-
-
-def remove_file(target: str | os.PathLike) -> None:
-    """Delete a file at a local path or a remote URI; a missing file is fine."""
-    target = str(target)
-    if is_remote(target):
-        import pyarrow.fs as pafs
-
-        fs, path = pafs.FileSystem.from_uri(target)
-        if fs.get_file_info(path).type == pafs.FileType.File:
-            fs.delete_file(path)
-        return
-    _local(target).unlink(missing_ok=True)
+    return f"sqlite:///{local_path(run_dir).resolve() / OPTUNA_DB}"
 
 
 def check_writable(storage: str) -> None:
     """Fail early with a clear message when a local ``storage`` folder cannot be written."""
     if is_remote(storage):
         return
-    root = _local(storage).expanduser()
+    root = local_path(storage).expanduser()
     probe = root / f".ablate-write-test-{os.getpid()}"
     try:
         root.mkdir(parents=True, exist_ok=True)
@@ -208,14 +173,15 @@ def check_writable(storage: str) -> None:
 class RunReader:
     """Reads the text files of a run directory on local disk or any pyarrow filesystem URI (s3://, gs://)."""
 
-    def __init__(self, run_dir: str | os.PathLike):
-        self.uri = str(run_dir)
+    def __init__(self, run_dir: str | os.PathLike, grid: str | None = None):
+        """``grid``: read the points of that grid of a run that holds several (default: the grid it ran last)."""
+        self.uri, self.grid = str(run_dir), grid
         if is_remote(self.uri):
             import pyarrow.fs as pafs
 
             self.fs, self.root = pafs.FileSystem.from_uri(self.uri)
         else:
-            self.fs, self.root = None, str(_local(self.uri))
+            self.fs, self.root = None, str(local_path(self.uri))
 
     def _join(self, *parts: str) -> str:
         return "/".join([self.root.rstrip("/"), *parts])
@@ -271,8 +237,13 @@ class RunReader:
         """trial id → its settings, as the run marker records every point run into the run ({} for older runs).
         Read once per reader."""
         if getattr(self, "_points", None) is None:
-            points = self.marker().get("points")
-            self._points = points if isinstance(points, dict) else {}
+            info = self.marker()
+            points = info.get("points") if isinstance(info.get("points"), dict) else {}
+            runs = [r for r in info.get("runs") or [] if isinstance(r, dict)]
+            if len({r.get("grid") for r in runs}) > 1:  # several grids in one run: the points of the one read
+                ids = {i for r in runs if r.get("grid") == info["grid"] for i in r.get("points", [])}
+                points = {k: v for k, v in points.items() if k in ids}
+            self._points = points
         return self._points
 
     def disagreeing(self) -> list[str]:
@@ -299,7 +270,14 @@ class RunReader:
             raise RunError(f"{self.uri}/{RUN_MARKER}: damaged run marker ({exc})") from None
         if not isinstance(info, dict) or "grid" not in info:
             raise RunError(f"{self.uri}/{RUN_MARKER}: not an ablate run marker")
-        return info
+        grids = info.get("grids") if isinstance(info.get("grids"), dict) else {}
+        if self.grid is None or self.grid == info["grid"]:
+            return info
+        if self.grid not in grids:
+            raise RunError(
+                f"{self.uri}: holds no run of grid {self.grid!r}; its grids: {', '.join(grids) or info['grid']}"
+            )
+        return {**info, **grids[self.grid], "grid": self.grid}
 
     def provenance(self) -> list[dict[str, Any]]:
         """Every provenance record of the run (start, then each resume), oldest first; [] for older runs."""

@@ -45,14 +45,14 @@ def axis_value(v: Any) -> Any:
     return axis_text(v) if isinstance(v, dict | list) else v
 
 
-def load_results(run_dir: str | Path) -> pd.DataFrame:
+def load_results(run_dir: str | Path, grid: str | None = None) -> pd.DataFrame:
     """One row per trial per report, with the grid axes as columns under their YAML names.
 
     Columns: trial_id, status, every grid axis, seed, training_iteration, step, samples_seen,
     time_total_s, r2, r2_lambda_<Λ>, r2_dim_<i>, mcc, loss, loss_floor, lambda_hat_<i>, pack (the pack trial and
     index of a member of a pack, ``ablate run --pack``; empty otherwise), and the other reported metrics. ``df.attrs`` holds the run marker (grid, scale, axes).
     """
-    reader = RunReader(run_dir)
+    reader = RunReader(run_dir, grid)
     info = reader.marker()
     axes = [a for a in info.get("axes", []) if a != "seed"]
     statuses = reader.statuses()
@@ -85,7 +85,7 @@ def load_results(run_dir: str | Path) -> pd.DataFrame:
     return df
 
 
-def export_results(run_dir: str | Path, out: str | Path) -> Path:
+def export_results(run_dir: str | Path, out: str | Path, grid: str | None = None) -> Path:
     """Write the results table to ``out`` (.csv or .parquet); list-valued cells become JSON text in CSV.
 
     A local file is written atomically (nothing half-written or temporary is left behind); one that cannot be
@@ -94,7 +94,7 @@ def export_results(run_dir: str | Path, out: str | Path) -> Path:
     out = Path(out)
     if out.suffix not in (".csv", ".parquet"):
         raise RunError(f"--out {out}: unknown format {out.suffix!r}; allowed: .csv, .parquet")
-    df = load_results(run_dir)
+    df = load_results(run_dir, grid)
     if df.empty:
         raise NothingToExport(f"{run_dir}: nothing to export yet: no trial has reported; no file written")
     if out.suffix == ".parquet":

@@ -75,11 +75,11 @@ def _grid_from_marker(marker: dict[str, Any]) -> Grid | None:
     return None
 
 
-def load_run(run_dir: str | Path) -> Run:
+def load_run(run_dir: str | Path, grid: str | None = None) -> Run:
     """Read a run directory (finished, running or interrupted); refuses a directory ablate did not write."""
-    df = load_results(run_dir)
+    df = load_results(run_dir, grid)
     marker = dict(df.attrs.get("marker") or {})
-    reader = RunReader(run_dir)
+    reader = RunReader(run_dir, grid)
     params: dict[str, dict[str, Any]] = {}
     for name in reader.trial_dirs():
         p = reader.params(name)

@@ -40,13 +40,13 @@ def _axis_values(state: dict[str, Any], axes: list[str] | None) -> dict[str, Any
     return {k: axis_text(v) if isinstance(v, dict | list) else v for k, v in params.items()}
 
 
-def run_status(run_dir: str | Path) -> dict[str, Any]:
+def run_status(run_dir: str | Path, grid: str | None = None) -> dict[str, Any]:
     """Counts of finished / running / interrupted / errored / pending trials and each trial's latest R²;
     ``damaged``: trial id → why its result log does not hold each report Ray recorded once (``--resume`` re-runs
     the missing ones). ``driver``: the live `ablate run` writing the run ({pid, host, since}); None when none is,
     or on remote storage, where nobody can tell. A trial counts as running only while a live driver holds the
     run's lock (:data:`DRIVER_LOCK`); otherwise one Ray's last snapshot left RUNNING reads as interrupted."""
-    reader = RunReader(run_dir)
+    reader = RunReader(run_dir, grid)
     info = reader.marker()
     counts = {"finished": 0, "running": 0, "interrupted": 0, "errored": 0, "pending": 0}
     rows, damaged = [], {}

@@ -130,7 +130,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     from ablate.analysis.status import run_status
 
-    info = run_status(args.run_dir)
+    info = run_status(args.run_dir, args.grid)
     print(f"run: {args.run_dir}  grid: {info['grid']} ({info['scale']})")
     print("  ".join(f"{k}: {v}" for k, v in info["counts"].items()))
     if info.get("driver"):
@@ -147,11 +147,13 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from ablate.reports.report import watch_report, write_report
 
+    out = args.out or (str(Path(args.run_dir) / f"report-{args.grid}.html") if args.grid else None)
     if args.watch is None:
-        print(f"report: {write_report(args.run_dir, args.out, args.dashboard)}")
+        print(f"report: {write_report(args.run_dir, out, args.dashboard, grid=args.grid)}")
         return 0
     try:
-        path = watch_report(args.run_dir, args.out, args.watch, args.dashboard, log=lambda m: print(m, flush=True))
+        log = lambda m: print(m, flush=True)  # noqa: E731
+        path = watch_report(args.run_dir, out, args.watch, args.dashboard, log=log, grid=args.grid)
     except KeyboardInterrupt:
         print("stopped watching; the report holds the last refresh", file=sys.stderr)
         return 0
@@ -164,11 +166,10 @@ def cmd_export(args: argparse.Namespace) -> int:
     from ablate.rundir import is_remote
 
     run_dir = args.run_dir
-    out = args.out or (
-        run_dir.rstrip("/") + "/results.csv" if is_remote(run_dir) else str(Path(run_dir) / "results.csv")
-    )
+    name = f"results-{args.grid}.csv" if args.grid else "results.csv"
+    out = args.out or (run_dir.rstrip("/") + "/" + name if is_remote(run_dir) else str(Path(run_dir) / name))
     try:
-        print(f"wrote {export_results(args.run_dir, out)}")
+        print(f"wrote {export_results(args.run_dir, out, args.grid)}")
     except NothingToExport as exc:  # a run that started but has no report: say so, exit 1, write no empty table
         print(f"ablate: {exc}", file=sys.stderr)
         return 1
@@ -180,7 +181,7 @@ def cmd_claims(args: argparse.Namespace) -> int:
 
     results = []
     for run_dir in args.run_dir:
-        found = evaluate_run(run_dir)
+        found = evaluate_run(run_dir, args.grid)
         if not found and not args.markdown:
             print(f"{run_dir}: its grid decides no claim of docs/reproduction.md")
         results += found
@@ -197,6 +198,10 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
 
 
 # ------------------------------------------------------------------ main
+#: Help of --grid on the commands that read a run.
+GRID_HELP = "of a run that holds several grids, read this one's points (default: the grid it ran last)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
     p = argparse.ArgumentParser(prog="ablate", description="Identifiability ablations of contrastive learning.")
@@ -236,6 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     st = sub.add_parser("status", help="trials finished / running / errored / pending of a run")
     st.add_argument("run_dir")
+    st.add_argument("--grid", help=GRID_HELP)
     st.set_defaults(func=cmd_status)
 
     rp = sub.add_parser("report", help="an offline HTML report of a run (finished or in progress)")
@@ -250,17 +256,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="rewrite the report every SECONDS (default 10) until every trial finished",
     )
     rp.add_argument("--dashboard", help="a dashboard spec YAML (default: ablate/dashboards/<grid>.yaml)")
+    rp.add_argument("--grid", help=GRID_HELP)
     rp.set_defaults(func=cmd_report)
 
     about = "write a run's results table as CSV or Parquet (exit 1, writing nothing, while no trial has reported)"
     ex = sub.add_parser("export", help=about, description=about[0].upper() + about[1:] + ".")
     ex.add_argument("run_dir")
     ex.add_argument("--out", help="FILE.csv or FILE.parquet (default: RUN_DIR/results.csv)")
+    ex.add_argument("--grid", help=GRID_HELP)
     ex.set_defaults(func=cmd_export)
 
     cl = sub.add_parser("claims", help="check runs against the papers' claims (docs/reproduction.md)")
     cl.add_argument("run_dir", nargs="+")
     cl.add_argument("--markdown", action="store_true", help="print the summary table of docs/reproduction.md")
+    cl.add_argument("--grid", help=GRID_HELP)
     cl.set_defaults(func=cmd_claims)
 
     add_compare_parser(sub)  # ablate compare RUN --by AXIS: ablate.cli.compare

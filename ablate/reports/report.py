@@ -75,13 +75,14 @@ def write_report(
     dashboard: str | Path | Dashboard | None = None,
     refresh: float | None = None,
     finished: bool | None = None,
+    grid: str | None = None,
 ) -> str:
     """Write the report of ``run`` (a :class:`Run` or a run directory) to ``out`` (default RUN_DIR/report.html).
 
     Local files are replaced atomically, so a browser reloading the page never sees half a file.
     """
     if not isinstance(run, Run):
-        run = load_run(run)
+        run = load_run(run, grid)
     dash = run_dashboard(run, dashboard)
     target = str(out) if out is not None else default_out(run.run_dir)
     page = render_html(
@@ -97,12 +98,13 @@ def watch_report(
     dashboard: str | Path | None = None,
     log: Callable[[str], None] = print,
     sleep: Callable[[float], None] = time.sleep,
+    grid: str | None = None,
 ) -> str:
     """Rewrite the report every ``every`` seconds until all the run's trials finished (the page reloads itself)."""
     if every <= 0:
         raise RunError(f"--watch {every}: the interval must be > 0 seconds")
     while True:
-        run = load_run(run_dir)
+        run = load_run(run_dir, grid)
         done = run_finished(run)
         target = write_report(run, out, dashboard, refresh=None if done else every, finished=done)
         statuses = pd.Series(list(run.statuses.values()), dtype=object).value_counts().to_dict()

@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from conftest import run_logged, smoke_cmd
 
@@ -211,3 +212,28 @@ def test_a_search_stopped_twice_resumes_to_its_budget_with_optuna_db_and_the_fol
 
     info = run_status(run_dir)
     assert info["counts"]["interrupted"] == 0 and info["counts"]["running"] == 0, info["counts"]
+
+
+@pytest.mark.ray
+def test_two_grids_in_one_run_are_read_one_grid_at_a_time(tmp_path, capsys):
+    """Another grid into the same run is normal; status, export, report and claims read the grid it ran last, or the
+    one ``--grid`` names, with that grid's axes."""
+    from ablate import cli
+    from ablate.analysis.status import run_status
+    from ablate.rundir import RunError
+
+    first = run_grid(load_grid("batch_vs_dim", "smoke"), storage=str(tmp_path), name="both", verbose=0)
+    second = run_grid(load_grid("zimmermann_sphere", "smoke"), storage=str(tmp_path), name="both", verbose=0)
+    assert not first.failed and not second.failed and len(second.plan.started) == len(second.trials)
+    run_dir = tmp_path / "both"
+    assert set(load_results(run_dir)["trial_id"]) == {t.trial_id for t in second.trials}
+    df = load_results(run_dir, grid="batch_vs_dim")
+    assert set(df["trial_id"]) == {t.trial_id for t in first.trials} and {"batch_size", "latent_dim"} <= set(df)
+    info = run_status(run_dir, "batch_vs_dim")
+    assert info["grid"] == "batch_vs_dim" and info["counts"]["finished"] == 4 and info["counts"]["pending"] == 0
+    assert cli.main(["report", str(run_dir), "--grid", "batch_vs_dim"]) == 0
+    assert (run_dir / "report-batch_vs_dim.html").is_file()
+    assert cli.main(["export", str(run_dir), "--grid", "batch_vs_dim"]) == 0
+    assert len(pd.read_csv(run_dir / "results-batch_vs_dim.csv")) == len(df)
+    with pytest.raises(RunError, match="holds no run of grid 'tricl'; its grids: batch_vs_dim, zimmermann_sphere"):
+        load_results(run_dir, grid="tricl")

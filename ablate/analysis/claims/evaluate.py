@@ -70,12 +70,13 @@ def run_wall_s(run_dir: str | Path) -> float | None:
     return float(max(last) - start) if last else None
 
 
-def evaluate_run(run_dir: str | Path) -> list[ClaimResult]:
-    """Read a run directory and evaluate the claims of its grid (an empty list if its grid decides none)."""
-    run = load_run(run_dir)
+def evaluate_run(run_dir: str | Path, grid: str | None = None) -> list[ClaimResult]:
+    """Read a run directory and evaluate the claims of its grid (``grid``: one of several it holds; default: the
+    one it ran last); an empty list if that grid decides none."""
+    run = load_run(run_dir, grid)
     results = evaluate_frame(run.df, run.ctx)
     wall = run_wall_s(run_dir) if results else None
-    preset = RunReader(str(run_dir)).marker().get("preset") if results else None
+    preset = RunReader(str(run_dir), grid).marker().get("preset") if results else None
     for res in results:
         res.run_dir, res.wall_s, res.preset = str(run_dir), wall, preset
     return results

@@ -102,8 +102,19 @@ def _marker(grid: Grid, run_dir: str, plan: Plan | None, pack: int) -> dict[str,
             "time": time.strftime(MARKER_TIME_FORMAT),
         }
     )
+    about = {
+        "scale": grid.scale,
+        "preset": grid.preset,
+        "grid_file": str(grid.path),
+        "grid_yaml": grid.text,
+        "search": grid.search,
+        "axes": grid.axis_names(),
+        "variants": [v.name for v in grid.variants],
+    }
+    grids = {**(before.get("grids") or {}), grid.name: about}  # each grid's own, for reading one of several
     return {
         "ablate_version": __version__,
+        "grids": grids,
         "grid": grid.name,
         "scale": grid.scale,
         "preset": grid.preset,
@@ -112,12 +123,17 @@ def _marker(grid: Grid, run_dir: str, plan: Plan | None, pack: int) -> dict[str,
         "search": grid.search,
         "axes": grid.axis_names(),
         "variants": [v.name for v in grid.variants],
-        "n_trials": len(points) if grid.search == "grid" else grid.n_trials,
+        "n_trials": len(_points_of(grid.name, runs)) if grid.search == "grid" else grid.n_trials,
         "created": before.get("created", time.strftime(MARKER_TIME_FORMAT)),
         "pack": pack,
         "points": points,
         "runs": runs,
     }
+
+
+def _points_of(grid: str, runs: list[dict[str, Any]]) -> set[str]:
+    """The ids of the points every run of ``grid`` into the run holds."""
+    return {i for r in runs if r.get("grid") == grid for i in r.get("points", [])}
 
 
 def _callbacks(tensorboard: bool) -> list:
