@@ -12,7 +12,7 @@ from ablate.service.specs.grids import axis_text, natural_key
 from ablate.service.specs.params import flat_params
 from ablate.trial_log import intact_rows
 
-__all__ = ["run_status", "varying_keys"]
+__all__ = ["last_run", "run_status", "varying_keys"]
 
 _GROUPS = {
     "TERMINATED": "finished",
@@ -86,7 +86,14 @@ def run_status(run_dir: str | Path, grid: str | None = None) -> dict[str, Any]:
         "damaged": damaged,
         "driver": driver,
         "provenance": _provenance_line(reader),
+        "last_run": last_run(info),
     }
+
+
+def last_run(marker: dict[str, Any]) -> str | None:
+    """What the newest `ablate run` of the marker's grid did: ``N points: a reused, b continued, c started``."""
+    runs = [r for r in marker.get("runs") or [] if isinstance(r, dict) and r.get("grid") == marker.get("grid")]
+    return runs[-1].get("plan") if runs else None
 
 
 def _provenance_line(reader: RunReader) -> str | None:

@@ -135,6 +135,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     print("  ".join(f"{k}: {v}" for k, v in info["counts"].items()))
     if info.get("driver"):
         print("driver: ablate pid {pid} on host {host} since {since}".format(**info["driver"]))
+    if info.get("last_run"):
+        print(f"last run: {info['last_run']}")
     if info.get("provenance"):
         print(f"made by: {info['provenance']}")
     print(_table(info["trials"]))

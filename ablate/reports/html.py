@@ -16,6 +16,7 @@ import pandas as pd
 
 from ablate.analysis.compare import point_table
 from ablate.analysis.run import Run, generator_table, run_finished, trial_table
+from ablate.analysis.status import last_run
 from ablate.provenance import summary_line
 from ablate.reports.panels import PANELS, PanelResult
 from ablate.reports.spec import Dashboard
@@ -252,7 +253,9 @@ def render_html(
         f"<h1>ablate report: {html.escape(title)}</h1>",
         f"<p class='meta'>grid <b>{html.escape(run.name)}</b> at scale <b>{html.escape(str(run.marker.get('scale')))}"
         f"</b> · run {state}: {len(table)} of {expected} trials known ({html.escape(count_text or 'none yet')}) · "
-        f"{len(run.df)} reports · written {time.strftime('%Y-%m-%d %H:%M:%S')}"
+        f"{len(run.df)} reports · "
+        + (f"last run: {html.escape(last)} · " if (last := last_run(run.marker)) else "")
+        + f"written {time.strftime('%Y-%m-%d %H:%M:%S')}"
         + (f" · refreshes every {refresh:g} s" if refresh else "")
         + "</p>",
     ]

@@ -55,6 +55,9 @@ def test_more_seeds_train_only_the_new_seed_and_a_finished_run_again_trains_noth
     assert len(trained) == 4 and all("seed=1" in tid and step == 0 for tid, step in trained), trained
     assert {p.name: p.read_text() for p in first.run_dir.glob("trial_*/result.json") if p.name in before} == before
     assert len(second.trials) == 8 and {t.status for t in second.trials} == {"TERMINATED"}
+    from ablate.analysis.status import run_status
+
+    assert run_status(first.run_dir)["last_run"] == "8 points: 4 reused, 0 continued, 4 started"
     log.unlink()
     third = run_grid(grid, storage=str(tmp_path), verbose=0, trainable=counting(log))
     assert len(third.plan.reused) == 8 and not third.plan.units and not log.exists(), "nothing left: Ray not started"

@@ -99,6 +99,7 @@ def _marker(grid: Grid, run_dir: str, plan: Plan | None, pack: int) -> dict[str,
             "settings": json.loads(json.dumps(grid.overrides, default=str)),
             "variants": [v.name for v in grid.variants],
             "points": [p.trial_id for p in plan.points] if plan is not None else [],
+            "plan": plan.summary() if plan is not None else None,
             "time": time.strftime(MARKER_TIME_FORMAT),
         }
     )
