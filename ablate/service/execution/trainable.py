@@ -111,9 +111,14 @@ class AblateTrainable(tune.Trainable):
 
     # ------------------------------------------------------------------ the trial's own record
     def _record_dir(self) -> Path | None:
-        """The trial's folder in the run directory (``params["record"]``; None when used outside a run)."""
-        record = record_of(self.params)
-        return Path(record["dir"], f"{TRIAL_PREFIX}{record['id']}") if record is not None else None
+        """The trial's folder in the run directory (``params["record"]``; None when used outside a run); worked out
+        once per build (a search trial's id hashes its settings), not at every report."""
+        if getattr(self, "_record_for", None) is not self.params:
+            record = record_of(self.params)
+            self._record = record
+            self._record_for = self.params
+            self._record_folder = Path(record["dir"], f"{TRIAL_PREFIX}{record['id']}") if record is not None else None
+        return self._record_folder
 
     def _continue_from_record(self) -> None:
         """Continue from the trial's newest checkpoint that loads and that its result log covers (the driver cut
@@ -167,7 +172,7 @@ class AblateTrainable(tune.Trainable):
         which logs it: a checkpoint counts once its report is in the log)."""
         folder = self._record_dir()
         if folder is not None:
-            keep = int(record_of(self.params).get("keep", 2))
+            keep = int(self._record.get("keep", 2))
             write_checkpoint_at_step(folder, self.experiment.state_dict(), keep, self._logged_step())
 
     def _logged_step(self) -> int | None:
