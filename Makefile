@@ -39,7 +39,7 @@ $(LOW)/ablate: pyproject.toml
 
 # the run record's Ray tests (resume, extend, faults, signals, searches): the Ray API ablate uses, end to end
 RAY_LOW_TESTS ?= tests/service/test_extend.py tests/service/test_faults.py tests/service/test_checkpoint_integrity.py \
-	tests/service/test_driver_lock_signals.py tests/service/test_runner.py tests/cli/test_multi_grid.py
+	tests/service/test_driver_lock_signals.py tests/service/test_runner.py tests/service/test_rungs.py tests/cli/test_multi_grid.py
 test-ray-low: $(LOW)/ablate
 	$(LOW)/python -c "import ray; assert ray.__version__ == '$(RAY_LOW)', ray.__version__"
 	$(LOW)/python -m pytest -q -m ray --durations=10 $(RAY_LOW_TESTS)

@@ -102,20 +102,17 @@ def tune_config(grid: Grid, max_concurrent: int | None, run_dir: str | None = No
     )
     limit = max_concurrent or opt.max_concurrent or 2
     if opt.time_budget_s is not None:  # rungs in seconds of training: settings compete at equal wall time
-        scheduler = ASHAScheduler(
-            time_attr="time_total_s",
-            max_t=opt.time_budget_s,
-            grace_period=opt.grace_period,
-            reduction_factor=opt.reduction_factor,
-        )
+        asha = {"time_attr": "time_total_s", "max_t": opt.time_budget_s, "grace_period": opt.grace_period}
     else:  # rungs in reports
         n_max = max(max(n_reports(t.config) for t in grid.trials), 1)
-        scheduler = ASHAScheduler(
-            time_attr="training_iteration",
-            max_t=n_max,
-            grace_period=min(opt.grace_period, n_max),
-            reduction_factor=opt.reduction_factor,
-        )
+        asha = {"time_attr": "training_iteration", "max_t": n_max, "grace_period": min(opt.grace_period, n_max)}
+    asha["reduction_factor"] = opt.reduction_factor
+    if run_dir is not None:  # the rungs of the search so far, from its trials' logs (:mod:`.rungs`)
+        from ablate.service.execution.rungs import RecordASHA
+
+        scheduler = RecordASHA(run_dir, grid.name, **asha)
+    else:
+        scheduler = ASHAScheduler(**asha)
     samples = opt.num_samples if n_samples is None else n_samples
     return tune.TuneConfig(
         metric=opt.metric,
