@@ -43,7 +43,7 @@ def test_new_trials_meet_the_rungs_of_the_finished_ones(tmp_path):
         _log(tmp_path, f"done{i}", r2s)
     _log(tmp_path, "other", [0.99, 0.99], grid="another-grid")  # another grid's trials do not count
     scheduler = RecordASHA(tmp_path, "g", **ASHA)
-    assert scheduler.seeded == 4
+    assert scheduler.rebuild_rungs() == 4
 
     low, high = _trial(tmp_path, "low", "t1"), _trial(tmp_path, "high", "t2")
     for trial in (low, high):

@@ -40,14 +40,20 @@ class RecordASHA(ASHAScheduler):
         self._run_dir = Path(run_dir)
         self._holders: Counter[str] = Counter()  # record id -> Tune trials training it now
         self._shift: dict[str, tuple[int, float, int]] = {}  # Tune trial id -> (rows, seconds, last step) before
-        self.seeded = self._seed(grid)
+        self._grid, self._rebuilt = grid, None
 
-    def _seed(self, grid: str) -> int:
-        """Replay every report in the run's logs of ``grid``'s trials into the rungs; the number of trials."""
+    def rebuild_rungs(self) -> int:
+        """Replay every report in the run's logs of the grid's trials into the rungs, once (at the first trial,
+        when Tune has given the metric and mode); the number of trials replayed."""
+        if self._rebuilt is None:
+            self._rebuilt = self._replay()
+        return self._rebuilt
+
+    def _replay(self) -> int:
         n = 0
         for folder in sorted(self._run_dir.glob(f"{TRIAL_PREFIX}*")):
             rows = intact_rows(read_rows(folder / RESULT_FILE))
-            if not rows or _grid_of(folder) not in (grid, None):
+            if not rows or _grid_of(folder) not in (self._grid, None):
                 continue
             record = _Record(folder.name.removeprefix(TRIAL_PREFIX))
             super().on_trial_add(None, record)
@@ -58,6 +64,7 @@ class RecordASHA(ASHAScheduler):
         return n
 
     def on_trial_add(self, tune_controller, trial):
+        self.rebuild_rungs()
         record = self._record(trial)
         if self._holders[record.trial_id] == 0:
             super().on_trial_add(tune_controller, record)
