@@ -33,8 +33,14 @@ def reclaim_sigterm() -> None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL if handler is None else handler)
 
 
+#: Seconds Tune's graceful stop may take before the first signal counts as a second one (stop at once). Tune's stop
+#: saves its experiment state one last time, which ablate never reads, and for a grid of 10 000 trials that takes
+#: minutes; every report already done is in the run directory.
+STOP_GRACE_S = 20.0
+
+
 @contextlib.contextmanager
-def graceful_interrupt() -> Iterator[Callable[[], int]]:
+def graceful_interrupt(grace_s: float = STOP_GRACE_S) -> Iterator[Callable[[], int]]:
     """While Tune runs, turn the first Ctrl-C or SIGTERM into Tune's graceful stop and remember which it was.
 
     Ray Tune 2.60 stops a run gracefully (last snapshot saved, trials left resumable) on SIGINT or SIGUSR1
@@ -44,18 +50,25 @@ def graceful_interrupt() -> Iterator[Callable[[], int]]:
     the same way. A second Ctrl-C raises KeyboardInterrupt (skipping Tune's last snapshot, as Tune's own
     handler does). SIGTERM, what a batch scheduler sends before it preempts a job, is handled the same way
     (a second one raises :class:`Terminated`). Yields a function that returns the signal that interrupted the
-    run (``signal.SIGINT`` or ``signal.SIGTERM``), or 0. Main thread only: elsewhere signals cannot be handled
+    run (``signal.SIGINT`` or ``signal.SIGTERM``), or 0. A graceful stop that takes longer than ``grace_s``
+    becomes a stop at once, as if the signal came twice. Main thread only: elsewhere signals cannot be handled
     and nothing changes.
     """
     if threading.current_thread() is not threading.main_thread():
         yield lambda: 0
         return
     received: list[int] = []
+    done = threading.Event()
+
+    def hurry(sig: int) -> None:
+        if not done.wait(grace_s):  # Tune is still stopping: the signal again, which stops at once
+            os.kill(os.getpid(), sig)
 
     def on_signal(sig: int, frame: Any) -> None:
         if received:
             raise Terminated if sig == signal.SIGTERM else KeyboardInterrupt
         received.append(sig)
+        threading.Thread(target=hurry, args=(sig,), name="ablate-stop-grace", daemon=True).start()
         os.kill(os.getpid(), signal.SIGUSR1)
 
     before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
@@ -66,6 +79,7 @@ def graceful_interrupt() -> Iterator[Callable[[], int]]:
     try:
         yield lambda: received[0] if received else 0
     finally:
+        done.set()
         for sig, handler in before.items():
             if handler is None and sig == signal.SIGTERM:
                 handler = signal.SIG_DFL  # Ray's C++ handler (see reclaim_sigterm): never leave ours behind

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 
 
@@ -14,3 +15,7 @@ def set_tune_environment(num_cpus: int | None) -> None:
     os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "3600")
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     os.environ.setdefault("TUNE_MAX_PENDING_TRIALS_PG", str(max(4, (num_cpus or os.cpu_count() or 2) * 2)))
+    # Tune's result grid reads each trial's metrics from its own logger files, which ablate does not write (its
+    # result log is the record): without this, the end of a run lists one "could not fetch metrics" line per trial
+    if os.environ["TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"] == "1":
+        logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
