@@ -25,7 +25,7 @@ _LAZY = {
     "ConfigError": ("ablate.config", "ConfigError"),
     "Experiment": ("ablate.core.experiment", "Experiment"),
     "dgp": ("ablate.core.dgp", None),
-    "losses": ("ablate.core.losses", None),
+    "losses": ("ablate.losses", None),
     "metrics": ("ablate.core.metrics", None),
     "load_grid": ("ablate.service.specs.grids", "load_grid"),
     "run_grid": ("ablate.service.execution.runner", "run_grid"),

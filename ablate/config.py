@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from ablate import plugins
 from ablate.safe_yaml import YamlRefused, yaml_loader, yaml_refusal
 
 __all__ = [
@@ -25,7 +26,9 @@ __all__ = [
     "quote",
     "unknown_setting",
     "ConfigError",
+    "BUILTIN_PARTS",
     "LOSS_NAMES",
+    "PLUGIN_FIELDS",
     "REFERENCE_WIDTHS",
     "RESUME_MAY_CHANGE",
     "RunConfig",
@@ -37,6 +40,25 @@ __all__ = [
 #: The loss names a config may use (``RunConfig.loss``), defined here only: the loss registry
 #: (:data:`ablate.core.losses.LOSSES`) holds one entry for each and checks that at import.
 LOSS_NAMES = ("aninfonce", "infonce", "ensemble_aninfonce", "tricl")
+
+#: The built-in names of each kind of part; any other name is a plugin's (:mod:`ablate.plugins`).
+BUILTIN_PARTS = {
+    "loss": LOSS_NAMES,
+    "conditional": ("normal", "vmf"),
+    "generator": ("invertible_mlp",),
+    "encoder": ("mlp",),
+}
+
+#: Fields that name a part or pass options to a plugin's: left out of :meth:`RunConfig.science` while they hold
+#: their default, so the keys of runs made before plugins existed do not change.
+PLUGIN_FIELDS = {
+    "loss_options": {},
+    "conditional_options": {},
+    "generator": "invertible_mlp",
+    "generator_options": {},
+    "encoder": "mlp",
+    "encoder_options": {},
+}
 
 #: Settings a run may change when it resumes from a checkpoint: its budget, how often and how finely it reports,
 #: and where it runs. Every other field is a science field (:meth:`RunConfig.science_fields`).
@@ -178,8 +200,12 @@ class RunConfig(BaseModel):
         default="5/25",
         description="Λ of the positive conditional: number, list of d, 'a/b', {blocks: [...]}, {linspace: [lo, hi]}",
     )
-    conditional: Literal["normal", "vmf"] = Field(
-        default="normal", description="positive conditional: projected normal N(0, Λ⁻¹) or von Mises–Fisher(κ)"
+    conditional: str = Field(
+        default="normal",
+        description="positive conditional: projected normal N(0, Λ⁻¹), von Mises–Fisher(κ) ('vmf'), or a plugin's",
+    )
+    conditional_options: dict[str, Any] = Field(
+        default_factory=dict, description="keyword options of a plugin conditional's factory"
     )
     kappa: float = Field(default=1.0, gt=0, description="vMF concentration κ (conditional = 'vmf' only)")
     threshold: float | None = Field(
@@ -200,6 +226,12 @@ class RunConfig(BaseModel):
     )
 
     # --- generator g
+    generator: str = Field(
+        default="invertible_mlp", description="g: the papers' invertible MLP ('invertible_mlp'), or a plugin's"
+    )
+    generator_options: dict[str, Any] = Field(
+        default_factory=dict, description="keyword options of a plugin generator's factory"
+    )
     generator_layers: int = Field(default=3, ge=1, description="linear layers of g")
     generator_cond_quantile: float = Field(
         default=0.0,
@@ -214,6 +246,10 @@ class RunConfig(BaseModel):
     )
 
     # --- encoder f
+    encoder: str = Field(default="mlp", description="f: the reference MLP ('mlp'), or a plugin's")
+    encoder_options: dict[str, Any] = Field(
+        default_factory=dict, description="keyword options of a plugin encoder's factory"
+    )
     encoder_widths: list[int] = Field(
         default=list(REFERENCE_WIDTHS),
         description=f"hidden widths as multiples of d (reference: {','.join(map(str, REFERENCE_WIDTHS))})",
@@ -221,7 +257,12 @@ class RunConfig(BaseModel):
     normalize_output: bool = Field(default=True, description="L2-normalise the encoder output")
 
     # --- loss
-    loss: Literal[LOSS_NAMES] = Field(default="aninfonce", description="training loss")
+    loss: str = Field(
+        default="aninfonce",
+        description=f"training loss: {', '.join(LOSS_NAMES)}, an installed plugin's name (entry point group "
+        "ablate.losses), or a factory as 'package.module:attr'",
+    )
+    loss_options: dict[str, Any] = Field(default_factory=dict, description="keyword options of a plugin loss's factory")
     tau: float = Field(default=1.0, gt=0, description="InfoNCE temperature τ")
     infonce_layout: Literal["symmetric", "reference"] = Field(
         default="symmetric",
@@ -265,6 +306,18 @@ class RunConfig(BaseModel):
     @model_validator(mode="after")
     def _check(self) -> RunConfig:
         d = self.latent_dim
+        for kind, builtin in BUILTIN_PARTS.items():
+            name = getattr(self, kind)
+            try:
+                plugins.check_name(kind, name, builtin)
+            except plugins.PluginError as exc:
+                raise ConfigError(f"{kind}: {exc}") from None
+            options = getattr(self, f"{kind}_options")
+            if name in builtin and options:
+                raise ConfigError(
+                    f"{kind}_options: the built-in {kind} {name!r} takes none (its settings are RunConfig's "
+                    f"fields), got {sorted(options)}"
+                )
         resolve_concentration(self.concentration, d, "concentration")
         if self.infonce_layout != "symmetric" and self.loss != "infonce":
             raise ConfigError(
@@ -342,8 +395,15 @@ class RunConfig(BaseModel):
         return frozenset(cls.model_fields) - RESUME_MAY_CHANGE
 
     def science(self) -> dict[str, Any]:
-        """This config's values of :meth:`science_fields` (JSON-like), to compare with a checkpoint's."""
-        return self.model_dump(mode="json", include=set(self.science_fields()))
+        """This config's values of :meth:`science_fields` (JSON-like), to compare with a checkpoint's; the
+        :data:`PLUGIN_FIELDS` that hold their defaults are left out."""
+        dump = self.model_dump(mode="json", include=set(self.science_fields()))
+        return {k: v for k, v in dump.items() if k not in PLUGIN_FIELDS or v != PLUGIN_FIELDS[k]}
+
+    @staticmethod
+    def builtin_names(kind: str) -> tuple[str, ...]:
+        """The built-in names of ``kind`` ('loss', 'conditional', 'generator', 'encoder')."""
+        return BUILTIN_PARTS[kind]
 
     @classmethod
     def build(cls, values: dict[str, Any], source: str = "config") -> RunConfig:

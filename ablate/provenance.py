@@ -124,8 +124,17 @@ def distributions() -> str:
 
 
 def science_changes(before: dict[str, Any], now: dict[str, Any]) -> list[str]:
-    """``key: old -> new`` for each of :data:`SCIENCE_KEYS` that differs between two records."""
-    return [f"{k}: {before.get(k)} -> {now.get(k)}" for k in SCIENCE_KEYS if before.get(k) != now.get(k)]
+    """``key: old -> new`` for each of :data:`SCIENCE_KEYS` that differs between two records, and for each plugin
+    whose distribution's version changed."""
+    changes = [f"{k}: {before.get(k)} -> {now.get(k)}" for k in SCIENCE_KEYS if before.get(k) != now.get(k)]
+    old = {(p.get("kind"), p.get("name")): p for p in before.get("plugins") or []}
+    for p in now.get("plugins") or []:
+        was = old.get((p.get("kind"), p.get("name")))
+        if was is not None and was.get("version") != p.get("version"):
+            changes.append(
+                f"{p.get('kind')} {p.get('name')} ({p.get('distribution')}): {was.get('version')} -> {p.get('version')}"
+            )
+    return changes
 
 
 def summary_line(record: dict[str, Any]) -> str:
@@ -139,15 +148,25 @@ def summary_line(record: dict[str, Any]) -> str:
         f"{record.get('cpu')} × {record.get('cpu_count')}"
     )
     stack = ", ".join(f"{k} {record.get(k)}" for k in ("python", "torch", "ray", "numpy") if record.get(k))
-    return f"{code}; {stack}; {device} on {record.get('host')}"
+    parts = [
+        f"{p.get('kind')} {p.get('name')} ({p.get('distribution') or 'no distribution'} {p.get('version') or ''})".replace(
+            " )", ")"
+        )
+        for p in record.get("plugins") or []
+    ]
+    plugins = f"; plugins: {', '.join(parts)}" if parts else ""
+    return f"{code}; {stack}{plugins}; {device} on {record.get('host')}"
 
 
-def record_provenance(run_dir: str, event: str) -> list[str]:
+def record_provenance(run_dir: str, event: str, plugins: list[dict[str, Any]] | None = None) -> list[str]:
     """Append this process's provenance to ``RUN_DIR/ablate_provenance.jsonl`` and write the installed
     distributions beside it; on a resume, warn (and return) what changed since the last record that can change
-    the run's numbers (``torch: 2.13.0 -> 2.14.1``)."""
+    the run's numbers (``torch: 2.13.0 -> 2.14.1``). ``plugins``: the plugin parts the run's points name (kind,
+    name, distribution, version; :meth:`ablate.plugins.Plugin.provenance`)."""
     before = RunReader(run_dir).provenance()
     record = collect(event=event)
+    if plugins:
+        record["plugins"] = plugins
     changes = science_changes(before[-1], record) if before and event == "resume" else []
     if changes:
         _log.warning(

@@ -12,6 +12,7 @@ from typing import Any
 
 import pandas as pd
 
+from ablate.config import RunConfig
 from ablate.rundir import TRIAL_PREFIX, RunError, RunReader, atomic_write
 from ablate.service.specs.grids import axis_text
 
@@ -40,6 +41,10 @@ class NothingToExport(RunError):
     """No trial of the run has reported yet: :func:`export_results` has no table to write, and writes none."""
 
 
+#: The loss a trial whose params do not name one trains (RunConfig's default).
+DEFAULT_LOSS = RunConfig.model_fields["loss"].default
+
+
 def axis_value(v: Any) -> Any:
     """An axis value as the table holds it: text for a Λ pattern, a list or a variant, else the value."""
     return axis_text(v) if isinstance(v, dict | list) else v
@@ -48,7 +53,8 @@ def axis_value(v: Any) -> Any:
 def load_results(run_dir: str | Path, grid: str | None = None) -> pd.DataFrame:
     """One row per trial per report, with the grid axes as columns under their YAML names.
 
-    Columns: trial_id, status, every grid axis, seed, training_iteration, step, samples_seen,
+    Columns: trial_id, status, every grid axis, seed, loss_name (and ``loss_options.<key>`` for a plugin loss's
+    options), training_iteration, step, samples_seen,
     time_total_s, r2, r2_lambda_<Λ>, r2_dim_<i>, mcc, loss, loss_floor, lambda_hat_<i>, pack (the pack trial and
     index of a member of a pack, ``ablate run --pack``; empty otherwise), and the other reported metrics. ``df.attrs`` holds the run marker (grid, scale, axes).
     """
@@ -72,6 +78,10 @@ def load_results(run_dir: str | Path, grid: str | None = None) -> pd.DataFrame:
             for axis in axes:  # the trial's settings win over a metric of the same name
                 rec[axis] = axis_value(params.get(axis))
             rec["seed"] = params.get("seed")
+            rec["loss_name"] = params.get("loss", DEFAULT_LOSS)  # the loss's name ("loss" is its value)
+            options = params.get("loss_options")
+            for key, value in (options if isinstance(options, dict) else {}).items():
+                rec[f"loss_options.{key}"] = value
             rec["pack"] = row.get("pack")  # the pack id of a member of a pack (ablate run --pack), else empty
             records.append(rec)
     df = pd.DataFrame.from_records(records)

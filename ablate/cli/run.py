@@ -94,6 +94,14 @@ def size_line(grid, args: argparse.Namespace, pack: int) -> str:
     return line
 
 
+def _print_plan(grid: str, plan) -> None:
+    """``<grid>: N points: a reused, b continued, c started``, and which points train solo under ``--pack``."""
+    print(f"{grid}: {plan.summary()}", flush=True)
+    solo = plan.solo_line()
+    if solo:
+        print(f"{grid}: {solo}", flush=True)
+
+
 def _duration(seconds: float) -> str:
     if seconds < 90:
         return f"{seconds:.0f} s"
@@ -164,7 +172,7 @@ def _run_one(args: argparse.Namespace, grid) -> int:
             grid,
             options_from_args(args),
             on_start=announce,
-            on_plan=lambda plan: print(f"{grid.name}: {plan.summary()}", flush=True),
+            on_plan=lambda plan: _print_plan(grid.name, plan),
         )
     except StorageFull as exc:
         print(f"ablate: error: {exc}: {resume_command(args)}", file=sys.stderr)

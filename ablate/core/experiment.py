@@ -16,9 +16,7 @@ from torch import Tensor
 
 from ablate.columns import lambda_hat_column, r2_block_column, r2_dim_column
 from ablate.config import RunConfig
-from ablate.core import dgp, metrics
-from ablate.core.encoder import Encoder, init_encoder_
-from ablate.core.generator import build_generator
+from ablate.core import dgp, metrics, parts
 from ablate.core.losses import ContrastiveLoss, build_loss, floor_loss
 from ablate.core.prefetch import Prefetcher
 
@@ -47,13 +45,7 @@ def resolve_device(name: str) -> torch.device:
 
 
 def _build_generator(config: RunConfig):
-    return build_generator(
-        config.latent_dim,
-        n_layers=config.generator_layers,
-        seed=config.effective_generator_seed,
-        cond_quantile=config.generator_cond_quantile,
-        n_cond_samples=config.generator_cond_samples,
-    )
+    return parts.build_g(config)
 
 
 @torch.no_grad()
@@ -62,15 +54,19 @@ def generator_stats(config: RunConfig, generator: torch.nn.Module | None = None)
     number (``g_cond_layer_i``) and the linear R² of z from x = g(z) (``g_linear_r2``; 1 = g is linear), the
     latter on ``eval_samples`` samples seeded by g's own seed. Builds g from ``config`` unless given."""
     g = _build_generator(config) if generator is None else generator
-    param = next(g.parameters())
-    info = g.info
-    out = {"g_cond_threshold": info.threshold, "g_cond_pools": float(info.pools)}
-    for i, c in enumerate(info.layer_conditions):
-        out[f"g_cond_layer_{i}"] = c
+    param = next(g.parameters(), None)
+    device = param.device if param is not None else torch.device("cpu")
+    dtype = param.dtype if param is not None else torch.float32
+    info = getattr(g, "info", None)  # the papers' g only (a plugin's g has no condition numbers)
+    out: dict[str, float] = {}
+    if info is not None:
+        out = {"g_cond_threshold": info.threshold, "g_cond_pools": float(info.pools)}
+        for i, c in enumerate(info.layer_conditions):
+            out[f"g_cond_layer_{i}"] = c
     d, n = config.latent_dim, config.eval_samples
-    rng = torch.Generator(device=param.device).manual_seed(config.effective_generator_seed + _GENERATOR_STREAM)
-    z_fit = dgp.sample_uniform(n, d, generator=rng, device=param.device, dtype=param.dtype)
-    z_eval = dgp.sample_uniform(n, d, generator=rng, device=param.device, dtype=param.dtype)
+    rng = torch.Generator(device=device).manual_seed(config.effective_generator_seed + _GENERATOR_STREAM)
+    z_fit = dgp.sample_uniform(n, d, generator=rng, device=device, dtype=dtype)
+    z_eval = dgp.sample_uniform(n, d, generator=rng, device=device, dtype=dtype)
     out["g_linear_r2"] = metrics.linear_r2(g(z_fit), z_fit, g(z_eval), z_eval)["r2"]
     return out
 
@@ -90,12 +86,10 @@ class Experiment:
         self.config = config
         self.device = resolve_device(config.device)
         self.dtype = getattr(torch, config.dtype)
-        d = config.latent_dim
         init_rng = torch.Generator().manual_seed(config.seed)
         self.generator = _build_generator(config).to(self.device, self.dtype)
         self.generator_stats = generator_stats(config, self.generator)
-        self.encoder = Encoder(d, d, config.encoder_widths, normalize=config.normalize_output)
-        init_encoder_(self.encoder, init_rng)
+        self.encoder = parts.build_encoder(config, init_rng)
         self.encoder.to(self.device, self.dtype)
         self.loss = build_loss(config, init_rng).to(self.device, self.dtype)
         groups = [{"params": list(self.encoder.parameters()), "lr": config.lr, "base_lr": config.lr}]
@@ -104,6 +98,7 @@ class Experiment:
             groups.append({"params": loss_params, "lr": config.lr_lambda, "base_lr": config.lr_lambda})
         self.optimizer = torch.optim.Adam(groups)
         self.data_rng = torch.Generator(device=self.device).manual_seed(config.seed + _DATA_STREAM)
+        self._conditional = parts.build_conditional(config)
         self.step = 0
         self.prefetch = True
         self._lambdas = [torch.tensor(lam, device=self.device, dtype=self.dtype) for lam in config.lambda_ensemble]
@@ -112,9 +107,7 @@ class Experiment:
 
     # ------------------------------------------------------------------ data
     def _positive(self, z: Tensor, lam: Tensor, rng: torch.Generator) -> Tensor:
-        if self.config.conditional == "vmf":
-            return dgp.sample_vmf(z, self.config.kappa, generator=rng)
-        return dgp.sample_conditional(z, lam, threshold=self.config.threshold, generator=rng)
+        return self._conditional(z, lam, rng)
 
     def sample_latents(self, n: int, rng: torch.Generator, *, hard_negatives: bool) -> dict[str, Any]:
         """Draw one batch of latents: anchors and positives per DGP, and hard negatives if asked.

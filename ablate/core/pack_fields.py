@@ -12,7 +12,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from ablate.config import RunConfig
+from ablate.config import BUILTIN_PARTS, RunConfig
 
 __all__ = ["MEMBER_FIELDS", "SHAPE_FIELDS", "can_pack", "check_packable", "pack_groups", "pack_signature"]
 
@@ -40,6 +40,13 @@ SHAPE_FIELDS = frozenset(
         "device",
         "dtype",
         "prefetch",  # one sampler thread for the pack
+        # a plugin's parts and their options (a run that names a plugin trains solo; see can_pack)
+        "loss_options",
+        "conditional_options",
+        "generator",
+        "generator_options",
+        "encoder",
+        "encoder_options",
     }
 )
 
@@ -85,9 +92,15 @@ def pack_signature(config: RunConfig) -> tuple:
 
 
 def can_pack(config: RunConfig) -> tuple[bool, str]:
-    """``(True, "")`` when the config's loss has a packed form, else ``(False, why)``."""
+    """``(True, "")`` when the config's loss has a packed form, else ``(False, why)``; a plugin's part (loss,
+    conditional, generator, encoder) has none."""
     why = _UNPACKABLE.get(config.loss)
-    return (False, why) if why else (True, "")
+    if why:
+        return False, why
+    for kind, builtin in BUILTIN_PARTS.items():
+        if getattr(config, kind) not in builtin:
+            return False, f"{kind} {getattr(config, kind)!r} is a plugin's, with no packed form"
+    return True, ""
 
 
 def check_packable(configs: Sequence[RunConfig]) -> None:

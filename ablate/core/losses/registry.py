@@ -1,7 +1,10 @@
 """The loss registry: a config's ``loss`` name → how to build the loss, and the loss at the true metric (its floor).
 
 Every entry builds a :class:`~ablate.core.losses.base.ContrastiveLoss`, so the training loop calls
-``loss.batch_loss(pairs, negatives)`` without knowing which loss it holds.
+``loss.batch_loss(pairs, negatives)`` without knowing which loss it holds. A name that is not built in is a
+plugin's (:mod:`ablate.plugins`, group ``ablate.losses``): its factory ``build(config, generator, **options)``
+gets ``config.loss_options`` as keyword arguments, and its optional attribute ``floor(config,
+hard_negatives_active)`` gives the loss at the true metric (without one, the loss-floor columns stay empty).
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ablate import plugins
 from ablate.config import LOSS_NAMES, RunConfig, resolve_concentration
 from ablate.core.losses.aninfonce import AnInfoNCE, EnsembleAnInfoNCE, HardNegativeAnInfoNCE
 from ablate.core.losses.base import ContrastiveLoss
@@ -86,9 +90,29 @@ if tuple(LOSSES) != LOSS_NAMES:  # a loss added to one place only: fail at impor
 
 def build_loss(config: RunConfig, generator: torch.Generator) -> ContrastiveLoss:
     """The training loss named by the config (a fresh module, Λ̂ initialised from ``generator``)."""
-    return LOSSES[config.loss].build(config, generator)
+    kind = LOSSES.get(config.loss)
+    if kind is not None:
+        return kind.build(config, generator)
+    plugin = _plugin(config.loss)
+    loss = plugins.call_factory(plugin, config, generator, options=config.loss_options)
+    if not isinstance(loss, ContrastiveLoss):
+        raise plugins.PluginError(
+            f"{plugin.describe()}: its factory returned {type(loss).__name__}, not an ablate.losses.ContrastiveLoss"
+        )
+    return loss
 
 
 def floor_loss(config: RunConfig, hard_negatives_active: bool) -> ContrastiveLoss | None:
-    """The loss with the true metric (Λ, or Λ⁺ − Λ⁻ while hard negatives are used), or None for TriCL."""
-    return LOSSES[config.loss].floor(config, hard_negatives_active)
+    """The loss with the true metric (Λ, or Λ⁺ − Λ⁻ while hard negatives are used), or None where there is none
+    (TriCL, a plugin without ``floor``)."""
+    kind = LOSSES.get(config.loss)
+    if kind is not None:
+        return kind.floor(config, hard_negatives_active)
+    floor = getattr(_plugin(config.loss).factory, "floor", None)
+    return None if floor is None else floor(config, hard_negatives_active)
+
+
+def _plugin(name: str) -> plugins.Plugin:
+    from ablate.core.parts import plugin
+
+    return plugin("loss", name)

@@ -46,6 +46,8 @@ from ablate.service.specs.params import RECORD_KEY
 
 __all__ = [
     "probe_acceptance",
+    "probe_plugins",
+    "grid_plugins",
     "default_run_name",
     "has_run_state",
     "run_grid",
@@ -54,6 +56,50 @@ __all__ = [
 _log = logging.getLogger("ablate.runner")
 #: Metrics shown in the live progress table.
 PROGRESS_METRICS = ("step", "r2", "loss", "mcc")
+
+
+def probe_plugins(grid: Grid) -> None:
+    """Fail before any compute, in one line, when a plugin part a trial names cannot load or refuses its options:
+    each distinct plugin setting is built once on the CPU (:func:`ablate.core.parts.check_plugins`)."""
+    from ablate.core.parts import check_plugins
+    from ablate.plugins import PluginError
+
+    seen = set()
+    for trial in grid.trials:
+        cfg = trial.config
+        key = json.dumps({k: getattr(cfg, k) for k in PLUGIN_SETTINGS}, sort_keys=True, default=str)
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            check_plugins(cfg)
+        except PluginError as exc:
+            raise GridError(f"{grid.path}: trial {trial.label}: {exc}") from None
+
+
+def grid_plugins(grid: Grid) -> list[dict[str, Any]]:
+    """The plugin parts the grid's trials name, each once, as provenance records them."""
+    from ablate.core.parts import plugins_of
+
+    seen: dict[tuple[str, str], dict[str, Any]] = {}
+    for trial in grid.trials:
+        for plugin in plugins_of(trial.config):
+            seen.setdefault((plugin.kind, plugin.name), plugin.provenance())
+    return list(seen.values())
+
+
+#: The settings that decide which plugin parts a trial builds, and with which options.
+PLUGIN_SETTINGS = (
+    "loss",
+    "loss_options",
+    "conditional",
+    "conditional_options",
+    "generator",
+    "generator_options",
+    "encoder",
+    "encoder_options",
+    "latent_dim",
+)
 
 
 def probe_acceptance(grid: Grid) -> None:
@@ -230,6 +276,7 @@ def _run_locked(grid: Grid, opts: RunOptions, *, on_start, on_plan, trainable, n
         )
     if pack > 1 and grid.search != "grid":
         raise RunError(f"--pack {pack}: {grid.name} is an Optuna search; a search runs one setting per trial")
+    probe_plugins(grid)
     probe_acceptance(grid)
     check_memory(grid, cpus_per_trial, gpus_per_trial, max_concurrent, address=address, num_cpus=num_cpus, pack=pack)
     check_writable(storage)
@@ -260,7 +307,7 @@ def _run_locked(grid: Grid, opts: RunOptions, *, on_start, on_plan, trainable, n
     remove_file(f"{run_dir}/{INTERRUPTED_FILE}")  # a driver runs the trials again
     plan = plan_run(grid, run_dir, pack=pack, keep=keep_checkpoints) if grid.search == "grid" else None
     write_marker(run_dir, _marker(grid, run_dir, plan, pack))
-    record_provenance(run_dir, "resume" if exists else "start")
+    record_provenance(run_dir, "resume" if exists else "start", plugins=grid_plugins(grid))
     if on_plan is not None and plan is not None:
         on_plan(plan)
     started = time.time()
@@ -286,7 +333,9 @@ def _run_locked(grid: Grid, opts: RunOptions, *, on_start, on_plan, trainable, n
     tuner = tune.Tuner(
         tune.with_resources(trainable, {"cpu": cpus_per_trial, "gpu": gpus_per_trial}),
         param_space=_param_space(grid, plan, run_dir, keep_checkpoints),
-        tune_config=tune_config(grid, max_concurrent, run_dir, n_samples=_samples_left(grid, run_dir)),
+        tune_config=tune_config(
+            grid, max_concurrent, run_dir, n_samples=_samples_left(grid, run_dir), units=_units(grid, plan)
+        ),
         run_config=tune.RunConfig(
             name=run_name,
             storage_path=ray_storage,
@@ -323,15 +372,20 @@ def _run_locked(grid: Grid, opts: RunOptions, *, on_start, on_plan, trainable, n
 
 
 def _param_space(grid: Grid, plan: Plan | None, run_dir: str, keep: int) -> dict[str, Any]:
-    """A grid's work as one grid_search over its units (each a point or a pack, with its record); a search's
-    space with the record's folder (each trial's id follows from its settings)."""
-    from ray import tune
+    """A search's space with the record's folder (each trial's id follows from its settings); a grid's units are
+    handed to Tune one at a time by :class:`ablate.service.execution.search.UnitSearcher`, so its space is empty."""
+    if plan is not None:
+        return {}
+    space = grid.param_space()
+    space[RECORD_KEY] = {"dir": run_dir, "keep": keep, "shown": grid.axis_names()}
+    return space
 
+
+def _units(grid: Grid, plan: Plan | None) -> list[dict[str, Any]] | None:
+    """The trial configs of a grid's units (points or packs), in the plan's order; None for a search."""
     if plan is None:
-        space = grid.param_space()
-        space[RECORD_KEY] = {"dir": run_dir, "keep": keep, "shown": grid.axis_names()}
-        return space
-    return {"grid": grid.name, "scale": grid.scale, "point": tune.grid_search(plan.units)}
+        return None
+    return [{"grid": grid.name, "scale": grid.scale, "point": unit} for unit in plan.units]
 
 
 def _record_id(config: dict[str, Any] | None) -> str | None:

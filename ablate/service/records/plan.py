@@ -63,6 +63,7 @@ class Plan:
     started: list[str] = field(default_factory=list)
     units: list[dict[str, Any]] = field(default_factory=list)
     kept_packs: int = 0  # packs that exist in the run and keep their members
+    solo: dict[str, int] = field(default_factory=dict)  # with --pack: why points train solo → how many
 
     def summary(self) -> str:
         """``N points: a reused, b continued, c started``."""
@@ -70,6 +71,13 @@ class Plan:
             f"{len(self.points)} points: {len(self.reused)} reused, {len(self.continued)} continued, "
             f"{len(self.started)} started"
         )
+
+    def solo_line(self) -> str | None:
+        """With ``--pack``: which points train solo and why, in one line (None when every point packs)."""
+        if not self.solo:
+            return None
+        n = sum(self.solo.values())
+        return f"{n} point(s) train solo, not packed: " + "; ".join(f"{k} ({v})" for k, v in self.solo.items())
 
 
 def grid_points(grid: Grid) -> list[Point]:
@@ -186,7 +194,7 @@ def _recorded_packs(run_dir: Path) -> dict[str, list[str]]:
 
 def _plan_packs(plan: Plan, todo: list[Point], run_dir: Path, size: int, record: dict[str, Any]) -> None:
     """Packs in the run that hold a point to train continue with their members; the other points are packed anew."""
-    from ablate.core.pack_fields import pack_groups
+    from ablate.core.pack_fields import can_pack, pack_groups
 
     by_id = {p.trial_id: p for p in plan.points}
     waiting = {p.trial_id for p in todo}
@@ -202,6 +210,10 @@ def _plan_packs(plan: Plan, todo: list[Point], run_dir: Path, size: int, record:
         _continue_pack(run_dir, pid, points)  # type: ignore[arg-type]
         plan.units.append(_pack_unit(points, {**record, "id": pid}))  # type: ignore[arg-type]
     fresh = [p for p in todo if p.trial_id in waiting]
+    for p in fresh:
+        ok, why = can_pack(p.config)
+        if not ok:
+            plan.solo[why] = plan.solo.get(why, 0) + 1
     for group in pack_groups([p.config for p in fresh], size):
         points = [fresh[i] for i in group]
         pid = pack_id([p.trial_id for p in points])
