@@ -8,11 +8,12 @@ TORCH_INDEX ?=
 
 .PHONY: setup run test test-fast test-ray-low lint clean
 
-$(BIN)/ablate: pyproject.toml
+$(BIN)/ablate: pyproject.toml examples/ablate-align-uniform/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH_SPEC)"
 	$(BIN)/python -m pip install -q -e ".[test]"
+	$(BIN)/python -m pip install -q --no-deps -e examples/ablate-align-uniform  # the plugin example the tests run
 	touch $(BIN)/ablate
 
 setup: $(BIN)/ablate
@@ -30,11 +31,12 @@ test-fast: setup
 # the lowest Ray ablate supports (pyproject: ray>=2.52): the Ray-marked tests again, in a second venv
 RAY_LOW ?= 2.52.0
 LOW     := .venv-ray-low/bin
-$(LOW)/ablate: pyproject.toml
+$(LOW)/ablate: pyproject.toml examples/ablate-align-uniform/pyproject.toml
 	$(PYTHON) -m venv .venv-ray-low
 	$(LOW)/python -m pip install -q --upgrade pip
 	$(LOW)/python -m pip install -q $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH_SPEC)"
 	$(LOW)/python -m pip install -q -e ".[test]" "ray[tune,default]==$(RAY_LOW)"
+	$(LOW)/python -m pip install -q --no-deps -e examples/ablate-align-uniform
 	touch $(LOW)/ablate
 
 # the run record's Ray tests (resume, extend, faults, signals, searches): the Ray API ablate uses, end to end
