@@ -150,6 +150,9 @@ def slurm_job(
         loaded.apply_settings(parse_assignments(list(settings)), "--set", axes_win=False)
     if variants:
         loaded.select_variants(variants.split(","), "--variants")
+    from ablate.service.execution.runner import probe_plugins
+
+    probe_plugins(loaded)  # a plugin that is not installed here, or refuses its options: one line, no script
     if pack is not None and pack != "auto":
         from ablate.service.execution.packs import resolve_pack
 

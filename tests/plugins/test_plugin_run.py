@@ -1,0 +1,91 @@
+"""The plugin example's grid through real Ray (examples/ablate-align-uniform, installed by `make setup`): run
+packed with its plugin points solo, SIGTERM, resume, then export, report, compare and provenance, and SLURM."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from conftest import run_logged
+
+from ablate.analysis.results import load_results
+
+pytest.importorskip("ablate_align_uniform", reason="make setup installs examples/ablate-align-uniform")
+
+GRID = Path(__file__).resolve().parents[2] / "examples/ablate-align-uniform/grids/align_uniform_vs_batch.yaml"
+EXTRA = ("--set", "max_steps=200", "--max-concurrent", "1", "--no-report", "--pack", "2")
+
+
+def _cmd(storage: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "ablate.cli", "run", str(GRID), "--scale", "smoke", "--storage", str(storage), *extra]
+
+
+def _sigterm_after(argv: list[str], run_dir: Path, rows: int, log: Path) -> None:
+    with log.open("w") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.time() + 240
+        while time.time() < deadline and proc.poll() is None:
+            if sum(len(p.read_text().splitlines()) for p in run_dir.glob("trial_*/result.json")) >= rows:
+                break
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 143, log.read_text()[-3000:]
+
+
+def _export(run_dir: Path) -> pd.DataFrame:
+    df = load_results(run_dir)
+    return (
+        df.drop(columns=["time_total_s", "prefetch", "status"]).sort_values(["trial_id", "step"]).reset_index(drop=True)
+    )
+
+
+@pytest.mark.ray
+def test_a_plugin_grid_runs_packed_resumes_and_reads_like_any_other(tmp_path):
+    run = tmp_path / "p"
+    _sigterm_after(_cmd(tmp_path, "--name", "p", *EXTRA), run, 12, tmp_path / "first.log")
+    code, text = run_logged([*_cmd(tmp_path, "--name", "p", *EXTRA), "--resume"], tmp_path / "resume.log")
+    assert code == 0, text[-3000:]
+    assert "train solo, not packed: loss 'align_uniform' is a plugin's, with no packed form (2)" in text
+    code, text = run_logged(_cmd(tmp_path, "--name", "clean", *EXTRA), tmp_path / "clean.log")
+    assert code == 0, text[-3000:]
+
+    a, b = _export(run), _export(tmp_path / "clean")
+    assert len(a) == 6 * 40 and set(a["loss_name"]) == {"align_uniform", "infonce", "aninfonce"}
+    assert a.drop(columns=["trial_id"]).equals(b.drop(columns=["trial_id"])), "resumed = never stopped"
+    plugin_rows = a[a["loss_name"] == "align_uniform"]
+    assert plugin_rows["pack"].isna().all() and a[a["loss_name"] != "align_uniform"]["pack"].notna().all()
+
+    records = [json.loads(line) for line in (run / "ablate_provenance.jsonl").read_text().splitlines()]
+    assert all(
+        r["plugins"]
+        == [{"kind": "loss", "name": "align_uniform", "distribution": "ablate-align-uniform", "version": "0.1.0"}]
+        for r in records
+    )
+
+    code, text = run_logged([sys.executable, "-m", "ablate.cli", "report", str(run)], tmp_path / "report.log")
+    assert code == 0 and (run / "report.html").stat().st_size > 10_000, text[-2000:]
+    code, text = run_logged(
+        [sys.executable, "-m", "ablate.cli", "compare", str(run), "--by", "loss"], tmp_path / "c.log"
+    )
+    assert code == 0 and "align_uniform" in text, text[-2000:]
+
+
+def test_slurm_loads_the_plugin_before_it_writes_a_script(tmp_path):
+    base = [sys.executable, "-m", "ablate.cli", "slurm", str(GRID), "--scale", "smoke", "--storage", str(tmp_path)]
+    code, text = run_logged([*base, "--name", "ok"], tmp_path / "ok.log")
+    assert code == 0 and "sbatch" in text, text[-2000:]
+    bad = GRID.read_text().replace("generator_seed: 0 ", "generator_seed: 0\n  loss_options: {bad_option: 1}\n ")
+    bad = bad.replace("loss: [align_uniform, infonce, aninfonce]", "loss: [align_uniform]")
+    (tmp_path / "bad.yaml").write_text(bad)
+    base[4] = str(tmp_path / "bad.yaml")
+    code, text = run_logged([*base, "--name", "bad"], tmp_path / "bad.log")
+    lines = [line for line in text.splitlines() if line.strip()]
+    assert code != 0 and len(lines) == 1, text
+    assert "loss 'align_uniform' (ablate-align-uniform 0.1.0)" in text and "bad_option" in text, text
+    assert not list(tmp_path.glob("bad*.sbatch")) and not (tmp_path / "bad").exists()
