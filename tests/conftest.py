@@ -134,6 +134,20 @@ def run_logged(cmd: list[str], log_path, timeout: float = 300, env: dict | None 
         return code, log.read()
 
 
+def sigterm_after(argv: list[str], run_dir: Path, rows: int, log: Path) -> None:
+    """Start ``argv``, SIGTERM it once ``rows`` reports landed, wait for its 143."""
+    with log.open("w") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.time() + 240
+        while time.time() < deadline and proc.poll() is None:
+            landed = sum(len(p.read_text().splitlines()) for p in run_dir.glob("trial_*/result.json"))
+            if landed >= rows:
+                break
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 143, log.read_text()[-3000:]
+
+
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 right now."""
     with socket.socket() as s:

@@ -4,15 +4,12 @@ packed with its plugin points solo, SIGTERM, resume, then export, report, compar
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import run_logged
+from conftest import run_logged, sigterm_after
 
 from ablate.analysis.results import load_results
 
@@ -26,18 +23,6 @@ def _cmd(storage: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "ablate.cli", "run", str(GRID), "--scale", "smoke", "--storage", str(storage), *extra]
 
 
-def _sigterm_after(argv: list[str], run_dir: Path, rows: int, log: Path) -> None:
-    with log.open("w") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.time() + 240
-        while time.time() < deadline and proc.poll() is None:
-            if sum(len(p.read_text().splitlines()) for p in run_dir.glob("trial_*/result.json")) >= rows:
-                break
-            time.sleep(0.1)
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=120) == 143, log.read_text()[-3000:]
-
-
 def _export(run_dir: Path) -> pd.DataFrame:
     df = load_results(run_dir)
     return (
@@ -48,7 +33,7 @@ def _export(run_dir: Path) -> pd.DataFrame:
 @pytest.mark.ray
 def test_a_plugin_grid_runs_packed_resumes_and_reads_like_any_other(tmp_path):
     run = tmp_path / "p"
-    _sigterm_after(_cmd(tmp_path, "--name", "p", *EXTRA), run, 12, tmp_path / "first.log")
+    sigterm_after(_cmd(tmp_path, "--name", "p", *EXTRA), run, 12, tmp_path / "first.log")
     code, text = run_logged([*_cmd(tmp_path, "--name", "p", *EXTRA), "--resume"], tmp_path / "resume.log")
     assert code == 0, text[-3000:]
     assert "train solo, not packed: loss 'align_uniform' is a plugin's, with no packed form (2)" in text

@@ -9,15 +9,12 @@ from __future__ import annotations
 
 import json
 import shutil
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import run_logged, smoke_cmd
+from conftest import run_logged, sigterm_after, smoke_cmd
 
 from ablate.analysis.results import load_results
 from ablate.service.execution.runner import run_grid
@@ -89,20 +86,6 @@ def test_a_higher_max_steps_continues_every_finished_trial_as_one_curve(tmp_path
     assert a[a["step"] <= 10][["step", "r2", "loss"]].equals(b[b["step"] <= 10][["step", "r2", "loss"]])
 
 
-def _interrupt(argv: list[str], run_dir: Path, rows: int, log: Path) -> None:
-    """Start ``argv``, SIGTERM it once ``rows`` reports landed, wait for its 143."""
-    with log.open("w") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.time() + 240
-        while time.time() < deadline and proc.poll() is None:
-            landed = sum(len(p.read_text().splitlines()) for p in run_dir.glob("trial_*/result.json"))
-            if landed >= rows:
-                break
-            time.sleep(0.1)
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=120) == 143, log.read_text()[-3000:]
-
-
 def _delete_ray_files(run_dir: Path) -> list[str]:
     """Every file at the run's root that is not ablate's (Ray Tune's experiment states, tuner.pkl, searcher and
     variant states, if it wrote any there)."""
@@ -118,7 +101,7 @@ def _delete_ray_files(run_dir: Path) -> list[str]:
 def test_an_interrupted_grid_resumes_with_every_file_ray_wrote_deleted(tmp_path):
     extra = ("--set", "max_steps=400", "--max-concurrent", "1", "--no-report")
     argv = smoke_cmd(tmp_path, "--name", "g", *extra)
-    _interrupt(argv, tmp_path / "g", 20, tmp_path / "first.log")
+    sigterm_after(argv, tmp_path / "g", 20, tmp_path / "first.log")
     gone = _delete_ray_files(tmp_path / "g")
     assert gone == [], f"Ray Tune keeps its own files outside the run directory: {gone}"
     assert not [p for p in (tmp_path / "g").rglob("*") if p.name in ("error.pkl", "error.txt", "params.pkl")]
@@ -170,7 +153,7 @@ def test_a_pack_member_s_cut_log_is_refilled_on_resume(tmp_path):
     the pack from a checkpoint every member's log covers, and the member's export holds every step once."""
     extra = ("--set", "max_steps=600", "report_every=10", "--pack", "4", "--no-report", "--max-concurrent", "1")
     argv = smoke_cmd(tmp_path, "--name", "p", *extra)
-    _interrupt(argv, tmp_path / "p", 60, tmp_path / "first.log")
+    sigterm_after(argv, tmp_path / "p", 60, tmp_path / "first.log")
     logs = sorted(p for p in (tmp_path / "p").glob("trial_*/result.json"))
     victim = max(logs, key=lambda p: len(p.read_text().splitlines()))
     lines = victim.read_text().splitlines(keepends=True)
@@ -193,7 +176,7 @@ def test_a_search_stopped_twice_resumes_to_its_budget_with_optuna_db_and_the_fol
     argv += ["--name", "s", "--set", "max_steps=300", "--max-concurrent", "1", "--no-report"]
     run_dir = tmp_path / "s"
     for i, rows in enumerate((8, 30)):
-        _interrupt([*argv, *(["--resume"] if i else [])], run_dir, rows, tmp_path / f"run{i}.log")
+        sigterm_after([*argv, *(["--resume"] if i else [])], run_dir, rows, tmp_path / f"run{i}.log")
     code, text = run_logged([*argv, "--resume"], tmp_path / "final.log")
     assert code == 0, text[-3000:]
     study = optuna.load_study(study_name="tune_aninfonce", storage=f"sqlite:///{run_dir / 'optuna.db'}")
