@@ -18,6 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ablate import plugins
+from ablate.messages import QUOTE_LIMIT, ConfigError, describe_validation, did_you_mean, quote
 from ablate.safe_yaml import YamlRefused, yaml_loader, yaml_refusal
 
 __all__ = [
@@ -74,57 +75,6 @@ TRAINING_FIELDS = frozenset({"lr", "lr_lambda", "lr_schedule", "warmup_steps", "
 REFERENCE_WIDTHS: tuple[int, ...] = (10, 50, 50, 50, 50, 10)
 
 ConcentrationSpec = float | list[float] | str | dict[str, list[float]]
-
-
-class ConfigError(ValueError):
-    """A configuration value is invalid; the message names the field and what is allowed."""
-
-
-#: The most characters of a value that an error message quotes; a longer one is cut and ends in '…'.
-QUOTE_LIMIT = 200
-
-
-def _small(value: Any, limit: int) -> bool:
-    """Whether ``value``'s repr is surely short: at most ``limit`` strings, numbers and items, and characters."""
-    stack, budget = [value], limit
-    while stack:
-        item = stack.pop()
-        budget -= len(item) if isinstance(item, str | bytes) else 1
-        if budget < 0:
-            return False
-        if isinstance(item, dict):
-            stack += [*item.keys(), *item.values()]
-        elif isinstance(item, list | tuple | set | frozenset):
-            stack += item
-    return True
-
-
-def quote(value: Any, limit: int = QUOTE_LIMIT) -> str:
-    """``repr(value)`` for an error message, at most ``limit`` characters (a longer one ends in '…'): a value
-    written in a spec may be any size, and one error line should stay one line."""
-    if isinstance(value, str | bytes):
-        text = repr(value[:limit])
-    elif _small(value, limit):
-        text = repr(value)
-    else:  # never build the whole repr of a huge value (a list of a million items, one shared list many times)
-        import reprlib
-
-        short = reprlib.Repr()
-        short.maxlevel, short.maxstring, short.maxlong, short.maxother = 6, limit, limit, limit
-        for kind in ("maxtuple", "maxlist", "maxarray", "maxdict", "maxset", "maxfrozenset", "maxdeque"):
-            setattr(short, kind, 20)
-        text = short.repr(value)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def did_you_mean(word: str, choices) -> str:
-    """`` (did you mean 'x'?)`` for the closest of ``choices`` to a misspelt ``word``, or an empty string."""
-    import difflib
-
-    if len(str(word)) > 100:  # no spec key or value of ablate's is that long; difflib would take its time
-        return ""
-    close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def unknown_setting(key: str) -> str:
@@ -303,15 +253,20 @@ class RunConfig(BaseModel):
     def _numbers_are_floats(cls, v: Any) -> Any:
         return float(v) if isinstance(v, int) and not isinstance(v, bool) else v
 
+    @field_validator("loss", "conditional", "generator", "encoder")
+    @classmethod
+    def _known_part(cls, name: str, info) -> str:
+        """A built-in name, an installed plugin's (:mod:`ablate.plugins`), or ``package.module:attr``."""
+        try:
+            return plugins.check_name(info.field_name, name, BUILTIN_PARTS[info.field_name])
+        except plugins.PluginError as exc:
+            raise ValueError(str(exc)) from None
+
     @model_validator(mode="after")
     def _check(self) -> RunConfig:
         d = self.latent_dim
         for kind, builtin in BUILTIN_PARTS.items():
             name = getattr(self, kind)
-            try:
-                plugins.check_name(kind, name, builtin)
-            except plugins.PluginError as exc:
-                raise ConfigError(f"{kind}: {exc}") from None
             options = getattr(self, f"{kind}_options")
             if name in builtin and options:
                 raise ConfigError(
@@ -411,26 +366,9 @@ class RunConfig(BaseModel):
         try:
             return cls(**values)
         except ValidationError as exc:
-            raise ConfigError(f"{source}: " + _describe(exc)) from None
+            raise ConfigError(f"{source}: " + describe_validation(exc, cls.model_fields)) from None
         except ConfigError as exc:
             raise ConfigError(f"{source}: {exc}") from None
-
-
-def _describe(exc: ValidationError) -> str:
-    parts = []
-    for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-after")) or "config"
-        msg = err["msg"]
-        if err["type"] == "extra_forbidden":
-            hint = did_you_mean(err["loc"][-1] if err["loc"] else "", RunConfig.model_fields)
-            msg = f"unknown key{hint}; allowed keys: {', '.join(sorted(RunConfig.model_fields))}"
-        elif "ctx" in err and "error" in err["ctx"]:
-            msg = str(err["ctx"]["error"])
-        if err["type"] == "extra_forbidden" or loc == "config":
-            parts.append(msg if loc == "config" else f"{loc}: {msg}")
-        else:
-            parts.append(f"{loc}: {msg} (got {quote(err.get('input'))})")
-    return "; ".join(parts)
 
 
 def parse_assignments(items: list[str]) -> dict[str, Any]:

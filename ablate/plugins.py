@@ -14,6 +14,7 @@ names only; the built-in parts live in :mod:`ablate.core`.
 from __future__ import annotations
 
 import difflib
+import functools
 import importlib
 import inspect
 from collections.abc import Callable, Iterable
@@ -21,7 +22,17 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
 
-__all__ = ["GROUPS", "Plugin", "PluginError", "call_factory", "installed_names", "is_plugin_name", "resolve"]
+__all__ = [
+    "GROUPS",
+    "Plugin",
+    "PluginError",
+    "call_factory",
+    "check_name",
+    "installed_names",
+    "is_plugin_name",
+    "load",
+    "resolve",
+]
 
 #: The entry-point group of each kind of part.
 GROUPS = {
@@ -83,6 +94,12 @@ def check_name(kind: str, name: Any, builtin: Iterable[str]) -> str:
         f"unknown {kind} {name!r}: built-in {', '.join(builtin) or 'none'}; installed ({GROUPS[kind]}) "
         f"{', '.join(installed) or 'none'}; or a factory named as 'package.module:attr'{hint}"
     )
+
+
+@functools.lru_cache(maxsize=64)
+def load(kind: str, name: str) -> Plugin:
+    """:func:`resolve`, once per process for each kind and name."""
+    return resolve(kind, name)
 
 
 def resolve(kind: str, name: str) -> Plugin:

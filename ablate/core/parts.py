@@ -17,7 +17,6 @@ arguments:
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -29,6 +28,7 @@ from ablate.config import RunConfig
 from ablate.core import dgp
 from ablate.core.encoder import Encoder, init_encoder_
 from ablate.core.generator import build_generator
+from ablate.core.losses.registry import build_loss
 
 __all__ = ["PositiveSampler", "build_conditional", "build_encoder", "build_g", "check_plugins", "plugin", "plugins_of"]
 
@@ -36,10 +36,9 @@ __all__ = ["PositiveSampler", "build_conditional", "build_encoder", "build_g", "
 PositiveSampler = Callable[[Tensor, Tensor, torch.Generator], Tensor]
 
 
-@functools.lru_cache(maxsize=64)
 def plugin(kind: str, name: str) -> plugins.Plugin:
-    """The installed plugin ``name`` of ``kind``, loaded once per process."""
-    return plugins.resolve(kind, name)
+    """The installed plugin ``name`` of ``kind``, loaded once per process (:func:`ablate.plugins.load`)."""
+    return plugins.load(kind, name)
 
 
 def plugins_of(config: RunConfig) -> list[plugins.Plugin]:
@@ -100,8 +99,6 @@ def _check_module(obj: Any, kind: str, name: str) -> None:
 def check_plugins(config: RunConfig) -> None:
     """Build each plugin part ``config`` names once, on the CPU, so that a plugin that cannot load or refuses its
     options fails in one line when the grid loads, before Ray starts (PluginError)."""
-    from ablate.core.losses.registry import build_loss
-
     kinds = {p.kind for p in plugins_of(config)}
     if not kinds:
         return

@@ -113,6 +113,4 @@ def floor_loss(config: RunConfig, hard_negatives_active: bool) -> ContrastiveLos
 
 
 def _plugin(name: str) -> plugins.Plugin:
-    from ablate.core.parts import plugin
-
-    return plugin("loss", name)
+    return plugins.load("loss", name)

@@ -37,11 +37,12 @@ from ablate.service.execution.cluster import init_ray
 from ablate.service.execution.memory import check_memory
 from ablate.service.execution.options import RunOptions, build_options
 from ablate.service.execution.packs import resolve_pack
+from ablate.service.execution.probes import grid_plugins, probe_acceptance, probe_plugins
 from ablate.service.execution.search import save_best, tune_config
 from ablate.service.records.driver_lock import one_driver
 from ablate.service.records.outcome import RunOutcome, StorageFull, collect_outcome, full_disk, storage_full_message
 from ablate.service.records.plan import Plan, plan_run
-from ablate.service.specs.grids import Grid, GridError
+from ablate.service.specs.grids import Grid
 from ablate.service.specs.params import RECORD_KEY
 
 __all__ = [
@@ -56,77 +57,6 @@ __all__ = [
 _log = logging.getLogger("ablate.runner")
 #: Metrics shown in the live progress table.
 PROGRESS_METRICS = ("step", "r2", "loss", "mcc")
-
-
-def probe_plugins(grid: Grid) -> None:
-    """Fail before any compute, in one line, when a plugin part a trial names cannot load or refuses its options:
-    each distinct plugin setting is built once on the CPU (:func:`ablate.core.parts.check_plugins`)."""
-    from ablate.core.parts import check_plugins
-    from ablate.plugins import PluginError
-
-    seen = set()
-    for trial in grid.trials:
-        cfg = trial.config
-        key = json.dumps({k: getattr(cfg, k) for k in PLUGIN_SETTINGS}, sort_keys=True, default=str)
-        if key in seen:
-            continue
-        seen.add(key)
-        try:
-            check_plugins(cfg)
-        except PluginError as exc:
-            raise GridError(f"{grid.path}: trial {trial.label}: {exc}") from None
-
-
-def grid_plugins(grid: Grid) -> list[dict[str, Any]]:
-    """The plugin parts the grid's trials name, each once, as provenance records them."""
-    from ablate.core.parts import plugins_of
-
-    seen: dict[tuple[str, str], dict[str, Any]] = {}
-    for trial in grid.trials:
-        for plugin in plugins_of(trial.config):
-            seen.setdefault((plugin.kind, plugin.name), plugin.provenance())
-    return list(seen.values())
-
-
-#: The settings that decide which plugin parts a trial builds, and with which options.
-PLUGIN_SETTINGS = (
-    "loss",
-    "loss_options",
-    "conditional",
-    "conditional_options",
-    "generator",
-    "generator_options",
-    "encoder",
-    "encoder_options",
-    "latent_dim",
-)
-
-
-def probe_acceptance(grid: Grid) -> None:
-    """Fail before any compute when a trial's Λ/threshold/d makes the rejection sampler hopeless."""
-    import torch
-
-    from ablate.core.dgp import LowAcceptanceError, sample_conditional, sample_uniform
-
-    seen = set()
-    for trial in grid.trials:
-        cfg = trial.config
-        if cfg.conditional != "normal" or cfg.threshold is None:
-            continue
-        lams = [tuple(lam) for lam in cfg.lambda_ensemble]
-        if cfg.lambda_negative is not None:
-            lams.append(tuple(cfg.lambda_negative))
-        for lam in lams:
-            key = (lam, cfg.threshold)
-            if key in seen:
-                continue
-            seen.add(key)
-            gen = torch.Generator().manual_seed(0)
-            z = sample_uniform(256, len(lam), generator=gen)
-            try:
-                sample_conditional(z, torch.tensor(lam), threshold=cfg.threshold, generator=gen)
-            except LowAcceptanceError as exc:
-                raise GridError(f"{grid.path}: trial {trial.label}: {exc}") from None
 
 
 def _marker(grid: Grid, run_dir: str, plan: Plan | None, pack: int) -> dict[str, Any]:

@@ -150,7 +150,7 @@ def slurm_job(
         loaded.apply_settings(parse_assignments(list(settings)), "--set", axes_win=False)
     if variants:
         loaded.select_variants(variants.split(","), "--variants")
-    from ablate.service.execution.runner import probe_plugins
+    from ablate.service.execution.probes import probe_plugins
 
     probe_plugins(loaded)  # a plugin that is not installed here, or refuses its options: one line, no script
     if pack is not None and pack != "auto":
