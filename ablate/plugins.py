@@ -67,7 +67,10 @@ class Plugin:
         return {"kind": self.kind, "name": self.name, "distribution": self.distribution, "version": self.version}
 
 
+@functools.cache
 def _entry_points(kind: str) -> dict[str, metadata.EntryPoint]:
+    """The installed entry points of ``kind``'s group, read once per process (a grid validates a config per
+    point, and reading every distribution's metadata takes milliseconds)."""
     return {ep.name: ep for ep in metadata.entry_points(group=GROUPS[kind])}
 
 
