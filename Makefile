@@ -47,8 +47,8 @@ test-ray-low: $(LOW)/ablate
 	$(LOW)/python -m pytest -q -m ray --durations=10 $(RAY_LOW_TESTS)
 
 lint: setup
-	$(BIN)/ruff check ablate tests benchmarks
-	$(BIN)/ruff format --check ablate tests benchmarks
+	$(BIN)/ruff check ablate tests benchmarks examples
+	$(BIN)/ruff format --check ablate tests benchmarks examples
 
 clean:
 	rm -rf $(VENV) .venv-ray-low
