@@ -209,11 +209,11 @@ def _plan_packs(plan: Plan, todo: list[Point], run_dir: Path, size: int, record:
         plan.kept_packs += 1
         _continue_pack(run_dir, pid, points)  # type: ignore[arg-type]
         plan.units.append(_pack_unit(points, {**record, "id": pid}))  # type: ignore[arg-type]
-    fresh = [p for p in todo if p.trial_id in waiting]
-    for p in fresh:
+    for p in todo:  # each trains in a pack of its own
         ok, why = can_pack(p.config)
         if not ok:
             plan.solo[why] = plan.solo.get(why, 0) + 1
+    fresh = [p for p in todo if p.trial_id in waiting]
     for group in pack_groups([p.config for p in fresh], size):
         points = [fresh[i] for i in group]
         pid = pack_id([p.trial_id for p in points])
