@@ -24,9 +24,12 @@ __all__ = ["cmd_run", "resume_command"]
 SUMMARY_ROWS = 60
 #: A grid of more trials starts only with --yes (a typo in an axis can make thousands).
 ASK_ABOVE_TRIALS = 2000
-#: Wall seconds of Ray Tune's bookkeeping per Ray trial on one slot (start, reports, end): 2 slots / 1.66 trials/s,
-#: `python -m benchmarks --only bookkeeping --trials 1000` on the 2-core development machine (docs/performance.md).
-TRIAL_OVERHEAD_S = 1.2
+#: Wall seconds of Ray Tune's bookkeeping per Ray trial on one slot (start, reports, end): 0.101 s, the
+#: ``overhead_s_per_trial`` of `python -m benchmarks --only bookkeeping --trials 1000` (10.5 trials/s) on the
+#: 2-core development machine, 2026-11-27 (docs/performance.md#many-trials).
+TRIAL_OVERHEAD_S = 0.1
+#: Trials an interrupted run's message names, per kind (stopped, never started); the rest are counted.
+LISTED_TRIALS = 20
 
 
 def _grid_names(args: argparse.Namespace) -> list[str]:
@@ -189,8 +192,10 @@ def _run_one(args: argparse.Namespace, grid) -> int:
             f"{json.dumps(outcome.best_config['config'], default=str)}  (saved to {outcome.run_dir}/best_config.json)"
         )
     print(f"\nrun directory: {outcome.run_dir}")
-    if args.report and not outcome.storage_full:
+    if args.report and not outcome.storage_full and not outcome.interrupted:
         _write_run_report(outcome.run_dir)
+    elif args.report and outcome.interrupted:  # a stop asked for is quick: the report of a large grid is not
+        print(f"report: not written (interrupted); write it with: ablate report {outcome.run_dir}")
     from ablate.analysis.claims.evaluate import CLAIMS
 
     if grid.name in CLAIMS:
@@ -222,8 +227,10 @@ def _interrupted_text(outcome, resume: str) -> str:
         f"started ({how}); nothing finished was lost."
     ]
     for what, trials in (("stopped", stopped), ("never started", waiting)):
-        if trials:
-            lines.append(f"  {what}: " + "; ".join(sorted(t.label for t in trials)))
+        labels = sorted(t.label for t in trials)
+        if labels:
+            more = f"; … and {len(labels) - LISTED_TRIALS} more" if len(labels) > LISTED_TRIALS else ""
+            lines.append(f"  {what}: " + "; ".join(labels[:LISTED_TRIALS]) + more)
     if undrawn:
         lines.append(f"  never started: {undrawn} sample(s) the search has not drawn yet")
     return "\n".join([*lines, f"Continue with:\n  {resume}"])
