@@ -53,7 +53,9 @@ def figure(table) -> go.Figure:
                 row=1,
                 col=col,
             )
-        fig.update_xaxes(type="log", title_text="batch size", row=1, col=col)
+        batches = sorted(table["batch_size"].unique())
+        fig.update_xaxes(type="log", tickvals=batches, ticktext=[str(b) for b in batches], title_text="batch size",
+                         row=1, col=col)  # fmt: skip
     fig.update_yaxes(title_text="final R² (linear)", row=1, col=1)
     fig.update_layout(width=1000, height=420, margin={"l": 60, "r": 20, "t": 40, "b": 50}, template="plotly_white")
     return fig
