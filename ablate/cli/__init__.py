@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -108,7 +109,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         from ablate.core.experiment import generator_stats
 
         print("generator g (one line per distinct g of the grid):")
-        seen = set()
+        seen: dict[tuple, object] = {}
         for trial in trials:
             cfg = trial.config
             key = (
@@ -117,10 +118,15 @@ def cmd_show(args: argparse.Namespace) -> int:
                 cfg.effective_generator_seed,
                 cfg.generator_cond_quantile,
                 cfg.generator_cond_samples,
+                cfg.generator,
+                json.dumps(cfg.generator_options, sort_keys=True, default=str),
             )
-            if key not in seen:
-                seen.add(key)
-                print(f"  d={key[0]} seed={key[2]}: {generator_line(generator_stats(cfg))}", flush=True)
+            seen.setdefault(key, cfg)
+        for key, cfg in list(seen.items())[:SHOWN_GENERATORS]:  # each g is built to describe it
+            print(f"  d={key[0]} seed={key[2]}: {generator_line(generator_stats(cfg))}", flush=True)
+        if len(seen) > SHOWN_GENERATORS:
+            print(f"  … and {len(seen) - SHOWN_GENERATORS} more distinct g (each seed builds its own unless the grid "
+                  "fixes generator_seed)")  # fmt: skip
     return 0
 
 
@@ -202,6 +208,10 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------ main
 #: Help of --grid on the commands that read a run.
 GRID_HELP = "of a run that holds several grids, read this one's points (default: the grid it ran last)"
+
+
+#: The distinct generators `ablate show` describes (building each takes a moment); the rest are counted.
+SHOWN_GENERATORS = 12
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -294,3 +294,22 @@ def test_long_output_piped_into_head_exits_quietly(tmp_path):
     done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=300)
     assert done.stdout == f"grid: rough  (scale smoke, file {grid})\n", done.stdout[-500:]
     assert done.stderr == "exit=141\n", done.stderr[-3000:]
+
+
+def test_show_describes_a_few_generators_and_counts_the_rest(tmp_path, capsys):
+    """A grid of many seeds, each its own g: `ablate show` builds and describes SHOWN_GENERATORS of them, not all."""
+    from ablate.service.specs.grids import resolve_grid_path
+
+    text = (
+        resolve_grid_path("batch_vs_dim")
+        .read_text()
+        .replace("seeds: [0]\n    stop: {max_steps: 10}", "seeds: [0, 1, 2, 3, 4, 5, 6, 7]\n    stop: {max_steps: 10}")
+    )
+    text = text.replace("  generator_seed: 0 ", "  generator_seed: null ")
+    path = tmp_path / "many_g.yaml"
+    path.write_text(text)
+    assert cli.main(["show", str(path), "--scale", "smoke"]) == 0
+    out = capsys.readouterr().out
+    described = [line for line in out.splitlines() if line.startswith("  d=")]
+    assert len(described) == cli.SHOWN_GENERATORS, out
+    assert f"… and {2 * 8 - cli.SHOWN_GENERATORS} more distinct g" in out, out
