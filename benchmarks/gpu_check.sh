@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The prepared GPU check, about 8 minutes: `bash benchmarks/gpu_check.sh OUT_DIR [--quick]` from the repository root.
-#   1. Ray: if .carry/site.tar.xz exists (`bash ../shared/tools/gpu_carry.sh .carry` builds the pruned Ray 2.60 +
-#      pydantic for a machine with no network; carry .carry with the call), it is unpacked onto PYTHONPATH; then a
+#   1. Ray: if .carry/site.tar.xz exists (Ray 2.60 and pydantic for CPython 3.12, installed with
+#      `pip install --target .carry/site` and tarred, for a machine with no network; carry .carry with the call), it is unpacked onto PYTHONPATH; then a
 #      60-second Ray Tune smoke run (benchmarks/gpu_service.py ray_smoke). If Ray cannot run, the check says why and
 #      goes on with the parts that need no Ray.
 #   2. No Ray: the card's matmul limit and the single-trial training step (benchmarks/gpu_check.py limit,step).
