@@ -15,7 +15,17 @@ from typing import Any
 
 from ablate.files import atomic_write
 
-__all__ = ["append_row", "cut_log", "finished", "intact_rows", "json_text", "last_step", "read_rows", "trial_status"]
+__all__ = [
+    "append_row",
+    "cut_log",
+    "finished",
+    "intact_rows",
+    "json_text",
+    "last_step",
+    "read_rows",
+    "seconds_of",
+    "trial_status",
+]
 
 
 def json_text(row: dict[str, Any]) -> str:
@@ -106,6 +116,13 @@ def cut_log(path: str | os.PathLike, keep: Callable[[dict[str, Any]], bool]) -> 
 def _torn(path: Path) -> bool:
     data = path.read_bytes()
     return bool(data) and not data.endswith(b"\n")
+
+
+def seconds_of(rows: list[dict[str, Any]]) -> float:
+    """The training time a log's rows hold: the last row's ``time_total_s`` (0 without rows or without one). A
+    trial that continues in a new driver starts its clock there."""
+    seconds = rows[-1].get("time_total_s") if rows else None
+    return float(seconds) if isinstance(seconds, int | float) else 0.0
 
 
 def finished(rows: list[dict[str, Any]], max_steps: int, target_r2: float | None = None) -> bool:

@@ -30,15 +30,10 @@ from ablate.core.encoder import Encoder, init_encoder_
 from ablate.core.generator import build_generator
 from ablate.core.losses.registry import build_loss
 
-__all__ = ["PositiveSampler", "build_conditional", "build_encoder", "build_g", "check_plugins", "plugin", "plugins_of"]
+__all__ = ["PositiveSampler", "build_conditional", "build_encoder", "build_g", "check_plugins", "plugins_of"]
 
 #: ``sample(z, lam, generator) -> positives``: a positive conditional.
 PositiveSampler = Callable[[Tensor, Tensor, torch.Generator], Tensor]
-
-
-def plugin(kind: str, name: str) -> plugins.Plugin:
-    """The installed plugin ``name`` of ``kind``, loaded once per process (:func:`ablate.plugins.load`)."""
-    return plugins.load(kind, name)
 
 
 def plugins_of(config: RunConfig) -> list[plugins.Plugin]:
@@ -49,7 +44,7 @@ def plugins_of(config: RunConfig) -> list[plugins.Plugin]:
         "generator": config.generator,
         "encoder": config.encoder,
     }
-    return [plugin(kind, name) for kind, name in names.items() if name not in RunConfig.builtin_names(kind)]
+    return [plugins.load(kind, name) for kind, name in names.items() if name not in RunConfig.builtin_names(kind)]
 
 
 def build_conditional(config: RunConfig) -> PositiveSampler:
@@ -58,7 +53,7 @@ def build_conditional(config: RunConfig) -> PositiveSampler:
         return lambda z, lam, rng: dgp.sample_vmf(z, config.kappa, generator=rng)
     if config.conditional == "normal":
         return lambda z, lam, rng: dgp.sample_conditional(z, lam, threshold=config.threshold, generator=rng)
-    found = plugin("conditional", config.conditional)
+    found = plugins.load("conditional", config.conditional)
     return plugins.call_factory(found, config, options=config.conditional_options)
 
 
@@ -72,7 +67,7 @@ def build_g(config: RunConfig) -> nn.Module:
             cond_quantile=config.generator_cond_quantile,
             n_cond_samples=config.generator_cond_samples,
         )
-    g = plugins.call_factory(plugin("generator", config.generator), config, options=config.generator_options)
+    g = plugins.call_factory(plugins.load("generator", config.generator), config, options=config.generator_options)
     _check_module(g, "generator", config.generator)
     g.requires_grad_(False)
     return g.eval()
@@ -85,7 +80,7 @@ def build_encoder(config: RunConfig, generator: torch.Generator) -> nn.Module:
         encoder = Encoder(d, d, config.encoder_widths, normalize=config.normalize_output)
         init_encoder_(encoder, generator)
         return encoder
-    found = plugin("encoder", config.encoder)
+    found = plugins.load("encoder", config.encoder)
     encoder = plugins.call_factory(found, config, generator, options=config.encoder_options)
     _check_module(encoder, "encoder", config.encoder)
     return encoder

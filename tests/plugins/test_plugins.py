@@ -15,8 +15,8 @@ import ablate
 from ablate.config import ConfigError, RunConfig
 from ablate.core.experiment import Experiment
 from ablate.core.pack_fields import can_pack
-from ablate.core.parts import check_plugins, plugin
-from ablate.plugins import PluginError
+from ablate.core.parts import check_plugins
+from ablate.plugins import PluginError, load
 
 align_uniform = pytest.importorskip("ablate_align_uniform", reason="make setup installs examples/ablate-align-uniform")
 
@@ -49,7 +49,7 @@ def test_align_uniform_equals_a_slow_loop_over_pairs():
 
 
 def test_the_entry_point_names_the_plugin_and_its_distribution():
-    found = plugin("loss", "align_uniform")
+    found = load("loss", "align_uniform")
     assert found.distribution == "ablate-align-uniform" and found.version == "0.1.0"
     assert found.factory is align_uniform.build
     config = RunConfig(loss="align_uniform", loss_options={"t": 3})
@@ -89,7 +89,7 @@ def test_a_module_attr_factory_trains_and_its_floor_is_empty():
     out = exp.evaluate()
     assert exp.step == 4 and 0 <= out["r2"] <= 1 and math.isfinite(trained["loss"]) and math.isfinite(out["eval_loss"])
     assert "loss_floor" not in out and "loss_gap" not in out, "no floor attribute: the loss-floor columns stay empty"
-    assert plugin("loss", "ablate_align_uniform:build").distribution == "ablate-align-uniform"
+    assert load("loss", "ablate_align_uniform:build").distribution == "ablate-align-uniform"
 
 
 def test_a_plugin_conditional_generator_and_encoder_are_built_from_their_factories():

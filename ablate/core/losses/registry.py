@@ -93,7 +93,7 @@ def build_loss(config: RunConfig, generator: torch.Generator) -> ContrastiveLoss
     kind = LOSSES.get(config.loss)
     if kind is not None:
         return kind.build(config, generator)
-    plugin = _plugin(config.loss)
+    plugin = plugins.load("loss", config.loss)
     loss = plugins.call_factory(plugin, config, generator, options=config.loss_options)
     if not isinstance(loss, ContrastiveLoss):
         raise plugins.PluginError(
@@ -108,9 +108,5 @@ def floor_loss(config: RunConfig, hard_negatives_active: bool) -> ContrastiveLos
     kind = LOSSES.get(config.loss)
     if kind is not None:
         return kind.floor(config, hard_negatives_active)
-    floor = getattr(_plugin(config.loss).factory, "floor", None)
+    floor = getattr(plugins.load("loss", config.loss).factory, "floor", None)
     return None if floor is None else floor(config, hard_negatives_active)
-
-
-def _plugin(name: str) -> plugins.Plugin:
-    return plugins.load("loss", name)

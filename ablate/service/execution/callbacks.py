@@ -13,7 +13,7 @@ from ray.tune import Callback
 from ablate.rundir import PARAMS_FILE, RESULT_FILE, STOPPED_FILE, TRIAL_PREFIX, atomic_write
 from ablate.service.records.trial import ERROR_FILE, record_of
 from ablate.service.specs.params import PACK_KEY, RECORD_KEY, config_from_params, flat_params, pack_members
-from ablate.trial_log import append_row, finished, intact_rows, json_text, read_rows
+from ablate.trial_log import append_row, finished, intact_rows, json_text, read_rows, seconds_of
 
 __all__ = ["ResultLog"]
 
@@ -62,8 +62,7 @@ class ResultLog(Callback):
                 text = "".join(json_text(r) + "\n" for r in rows)
                 atomic_write(path, lambda p: p.write_text(text))
             # the trial (re)started in this driver: its clock starts at 0, after the time its log holds already
-            last = rows[-1].get("time_total_s") if rows else None
-            self._offset[key] = float(last) if isinstance(last, int | float) else 0.0
+            self._offset[key] = seconds_of(rows)
             known = (len(rows), rows[-1]["step"] if rows else -1)
         row = {**row, "trial_id": folder.name.removeprefix(TRIAL_PREFIX), "training_iteration": known[0] + 1}
         if isinstance(row.get("time_total_s"), int | float):

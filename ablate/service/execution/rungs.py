@@ -20,7 +20,7 @@ from ray.tune.schedulers import ASHAScheduler
 
 from ablate.rundir import PARAMS_FILE, RESULT_FILE, TRIAL_PREFIX
 from ablate.service.records.trial import record_of
-from ablate.trial_log import intact_rows, read_rows
+from ablate.trial_log import intact_rows, read_rows, seconds_of
 
 __all__ = ["RecordASHA"]
 
@@ -112,8 +112,7 @@ class RecordASHA(ASHAScheduler):
             if record is not None and isinstance(step, int):
                 path = Path(record["dir"], f"{TRIAL_PREFIX}{record['id']}", RESULT_FILE)
                 rows = [r for r in intact_rows(read_rows(path)) if r["step"] < step]
-            seconds = rows[-1].get("time_total_s") if rows else None
-            known = (len(rows), float(seconds) if isinstance(seconds, int | float) else 0.0, -1)
+            known = (len(rows), seconds_of(rows), -1)
         self._shift[trial.trial_id] = (known[0], known[1], step if isinstance(step, int) else known[2])
         shifted = dict(result)
         if isinstance(shifted.get("training_iteration"), int):
