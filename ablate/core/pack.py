@@ -42,7 +42,7 @@ from ablate.core.pack_fields import check_packable
 from ablate.core.pack_state import PackState
 from ablate.core.prefetch import Prefetcher
 
-__all__ = ["PackedExperiment"]
+__all__ = ["PackedExperiment", "member_state"]
 
 
 class PackedExperiment(PackState):
@@ -261,3 +261,16 @@ class PackedExperiment(PackState):
             self._scatter(i, optimizer=False)
             out.append(self._members[i].evaluate())
         return out
+
+
+def member_state(state: dict[str, Any], i: int, device: str = "cpu") -> dict[str, Any]:
+    """Member ``i``'s solo state (what ``Experiment(configs[i]).load_state_dict`` takes) derived from a pack
+    checkpoint's stacked state: the pack is rebuilt on ``device`` from the configs the checkpoint holds, loaded,
+    and member ``i``'s slices are copied out. A checkpoint holds each weight once; this is the derived copy."""
+    configs = [
+        RunConfig.model_validate({**{k: v for k, v in c.items() if k in RunConfig.model_fields}, "device": device})
+        for c in state["configs"]
+    ]
+    pack = PackedExperiment(configs)
+    pack.load_state_dict(state)
+    return pack.member_state_dict(i)

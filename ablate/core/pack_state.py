@@ -104,10 +104,12 @@ class PackState:
         self._scatter(i, optimizer=True)
         return _clone(self._members[i].state_dict())
 
-    def state_dict(self, *, include_members: bool = True) -> dict[str, Any]:
-        """The stacked state (weights, Adam moments, per-member step, data generator, frozen and failed members)
-        and, with ``include_members``, each member's solo state (``state["members"][i]`` loads into
-        ``Experiment(configs[i])``). Loadable with ``torch.load(..., weights_only=True)``."""
+    def state_dict(self, *, include_members: bool = False) -> dict[str, Any]:
+        """The stacked state (weights, Adam moments, per-member step, data generator, frozen and failed members),
+        each weight once; with ``include_members``, also each member's solo state (``state["members"][i]`` loads
+        into ``Experiment(configs[i])``), which doubles the size: checkpoints leave it out, and
+        :func:`ablate.core.pack.member_state` derives a member's solo state from the stacked one when it is needed.
+        Loadable with ``torch.load(..., weights_only=True)``."""
         state = {
             "format": PACK_FORMAT,
             "configs": [c.model_dump(mode="json") for c in self.configs],

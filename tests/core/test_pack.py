@@ -19,7 +19,7 @@ import torch
 from ablate.config import RunConfig
 from ablate.core.batched import pack_loss
 from ablate.core.experiment import Experiment
-from ablate.core.pack import PackedExperiment
+from ablate.core.pack import PackedExperiment, member_state
 from ablate.core.pack_fields import MEMBER_FIELDS, SHAPE_FIELDS, can_pack, pack_groups, pack_signature
 
 SMALL = {
@@ -162,7 +162,7 @@ def test_pack_of_one_equals_solo_bit_for_bit(variant):
     assert_results(pack_rows[0], solo_rows[0])
     assert_results(pack_rows[2], solo_rows[1])
     assert_results(pack.evaluate()[0], solo_eval)
-    assert_states(pack.state_dict()["members"][0], exp.state_dict())
+    assert_states(member_state(pack.state_dict(), 0), exp.state_dict())
     if variant == "aninfonce":
         assert torch.equal(pack.lambda_hat()[0], exp.lambda_hat())
     else:
@@ -231,7 +231,7 @@ def test_resume_equals_never_stopping(include_members):
         assert_states(resumed.member_state_dict(i), straight.member_state_dict(i))
     # a pack can also resume from its members' solo states (each trial folder's own checkpoint)
     from_members = PackedExperiment(cfgs)
-    from_members.load_state_dict({"members": first.state_dict()["members"], "frozen": [2]})
+    from_members.load_state_dict({"members": first.state_dict(include_members=True)["members"], "frozen": [2]})
     from_members.train(8)
     for i in range(3):
         assert_states(from_members.member_state_dict(i), straight.member_state_dict(i))
@@ -274,14 +274,27 @@ def test_non_finite_member_fails_and_the_others_go_on(prefetch):
         assert_states(pack.member_state_dict(i), exp.state_dict(), TOL)
 
 
+def test_a_pack_checkpoint_holds_each_weight_once():
+    pack = PackedExperiment(configs("aninfonce"))
+    pack.train(3)
+    sizes = {}
+    for with_members in (False, True):
+        buffer = io.BytesIO()
+        torch.save(pack.state_dict(include_members=with_members), buffer)
+        sizes[with_members] = buffer.tell()
+    weights_and_moments = 3 * sum(t.numel() * t.element_size() for t in pack._params)
+    assert sizes[True] - sizes[False] > weights_and_moments  # the members' copies: what checkpoints leave out
+
+
 def test_member_state_loads_into_experiment_and_continues_solo():
     cfgs = configs("infonce", dtype="float64")
     pack = PackedExperiment(cfgs)
     pack.train(7)
     state = _roundtrip(pack.state_dict())
+    assert "members" not in state  # each weight once: a member's solo state is derived when it is needed
     for i, config in enumerate(cfgs):
         exp = Experiment(config)
-        exp.load_state_dict(state["members"][i])
+        exp.load_state_dict(member_state(state, i))
         assert exp.step == 7
         continued = exp.train(5)
         reference, (_, second) = solo(config, [7, 5])

@@ -8,8 +8,8 @@ status, export, report, claims and resume see ordinary trials. A member that rea
 ``target_r2``) reports ``done`` once and is frozen; a member whose loss goes non-finite reports its error once
 (``member_error``) and the others go on. The trial is done when every member is.
 
-Checkpoints (written after each report into the pack's own folder, ``trial_pack-<key>``) hold the stacked state and
-each member's own solo state; a pack continues from the newest one that every member's log covers.
+Checkpoints (written after each report into the pack's own folder, ``trial_pack-<key>``) hold the stacked state, each
+weight once (``ablate.core.pack.member_state`` derives a member's solo state from it); a pack continues from the newest one that every member's log covers.
 """
 
 from __future__ import annotations
