@@ -1,42 +1,35 @@
 #!/usr/bin/env bash
-# The prepared GPU check, about 8 minutes: `bash benchmarks/gpu_check.sh OUT_DIR [--quick]` from the repository root.
-#   1. Ray: if .carry/site.tar.xz exists (Ray 2.60 and pydantic for CPython 3.12, installed with
-#      `pip install --target .carry/site` and tarred, for a machine with no network; carry .carry with the call), it is unpacked onto PYTHONPATH; then a
-#      60-second Ray Tune smoke run (benchmarks/gpu_service.py ray_smoke). If Ray cannot run, the check says why and
-#      goes on with the parts that need no Ray.
-#   2. No Ray: the card's matmul limit and the single-trial training step (benchmarks/gpu_check.py limit,step).
-#   3. The service with Ray: --pack 8 against --gpus-per-trial 0.125 and one trial per GPU, --pack auto with 32
-#      points, claim 9 at batch 6144 (its seeds in one pack) and claim 1 at batch 8192, each time-boxed.
-# Tables: OUT_DIR/gpu_check.md (part 2) and OUT_DIR/gpu_service.md (parts 1 and 3). Without CUDA every GPU part
-# says what it skips. GPU_CHECK_PARTS (default limit,step) and GPU_SERVICE_PARTS choose parts.
+# The GPU check, in two parts that each fit one call to a lent GPU machine (under 270 s each), part 1 first:
+#   bash benchmarks/gpu_check.sh OUT --part 1    Ray sees the GPU; matmul limit; single-trial step; the same 8 points
+#                                                one trial per GPU, --gpus-per-trial 0.125 and --pack 8
+#   bash benchmarks/gpu_check.sh OUT --part 2    --pack auto on 32 points; claim 9 at batch 6144; claim 1 at batch 8192
+# from the repository root. A machine without network gets Ray from .carry/site.tar.xz (built by
+# `bash benchmarks/gpu_bundle.sh`; carry .carry with the call): it is unpacked to /tmp/ablate-site and put on
+# PYTHONPATH. OUT receives at most five files (summary.md, printed last; logs_tail.txt; results.json;
+# nvidia_smi.txt; curves.md); runs and logs go to /tmp/ablate-gpu-check. Budgets: GPU_CHECK_* in
+# benchmarks/gpu_lease.py. Without CUDA every GPU box says what it skips.
 set -uo pipefail
-out="${1:?usage: gpu_check.sh OUT_DIR [--quick]}"; shift
+usage="usage: bash benchmarks/gpu_check.sh OUT --part 1|2"
+out="${1:?$usage}"; shift
+[ "${1:-}" = "--part" ] && [ -n "${2:-}" ] || { echo "$usage" >&2; exit 2; }
+part="$2"
 mkdir -p "$out"
-if [ -f .carry/site.tar.xz ] && ! python3 -c "import ray" 2>/dev/null; then
-  mkdir -p /tmp/ablate-site && tar -xJf .carry/site.tar.xz -C /tmp/ablate-site
-  export PYTHONPATH="/tmp/ablate-site${PYTHONPATH:+:$PYTHONPATH}"
+export RAY_USAGE_STATS_ENABLED=0 PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+carry=""
+if [ -f .carry/site.tar.xz ] && ! python3 -c "import ray, pydantic" 2>/dev/null; then
+  site=/tmp/ablate-site
+  rm -rf "$site" && mkdir -p "$site"
+  if untar_error="$(tar -xJf .carry/site.tar.xz -C "$site" 2>&1)"; then
+    export PYTHONPATH="$site:$PYTHONPATH"
+    carry="carry: unpacked .carry/site.tar.xz ($(du -sm "$site" | cut -f1) MiB) to $site"
+  else
+    carry="carry: unpacking .carry/site.tar.xz failed: $(echo "$untar_error" | tail -3 | tr '\n' ' ')"
+  fi
+elif [ -f .carry/site.tar.xz ]; then
+  carry="carry: Ray and pydantic are installed here; .carry/site.tar.xz not used"
 fi
-if ! python3 -c "import pydantic" 2>/dev/null && ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/ablate-whl .whl/*.whl
-  export PYTHONPATH="/tmp/ablate-whl${PYTHONPATH:+:$PYTHONPATH}"
+if ! import_error="$(python3 -c "import ray, ray.tune, pydantic, ablate.cli" 2>&1)"; then
+  carry="${carry:+$carry; }import failed: $(echo "$import_error" | tail -4 | tr '\n' ' ')"
 fi
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" RAY_AUTH_MODE="${RAY_AUTH_MODE:-token}"
-service_parts="${GPU_SERVICE_PARTS:-ray_smoke,pack,claim9,claim1}"
-budget=45; science=60
-if [ "${1:-}" = "--quick" ]; then budget=10; science=10; fi
-rc=0
-if python3 -c "import ray" 2>/dev/null; then
-  python3 -m benchmarks.gpu_service "$out" --only ray_smoke || { rc=1; service_parts=""; }
-  service_parts="${service_parts/ray_smoke/}"
-else
-  echo "Ray is not installed here and .carry/site.tar.xz is missing: skipping every part that needs Ray"
-  service_parts=""
-fi
-python3 -m benchmarks.gpu_check "$out" --only "${GPU_CHECK_PARTS:-limit,step}" "$@" || rc=1
-service_parts="$(echo "$service_parts" | sed 's/^,*//; s/,,*/,/g; s/,*$//')"
-if [ -n "$service_parts" ]; then
-  mv "$out/gpu_service.md" "$out/gpu_service_smoke.md" 2>/dev/null
-  mv "$out/gpu_service.json" "$out/gpu_service_smoke.json" 2>/dev/null
-  python3 -m benchmarks.gpu_service "$out" --only "$service_parts" --budget "$budget" --science-budget "$science" || rc=1
-fi
-exit $rc
+echo "${carry:-carry: none needed}"
+GPU_CHECK_CARRY="${carry:-carry: none needed}" exec python3 -m benchmarks.gpu_lease "$out" --part "$part"

@@ -1,27 +1,23 @@
-"""`python -m benchmarks.gpu_service OUT_DIR [--only PARTS] [--budget S]`: the GPU check's parts that run the service.
+"""The GPU check's service runs (``benchmarks/gpu_lease.py``): one real ``ablate run`` (Ray Tune, trial folders,
+checkpoints) in a subprocess, measured over a wall-clock window.
 
-Each part is a real `ablate run` (Ray Tune, trial folders, checkpoints) in a subprocess, time-boxed: after the first
-report it trains for ``--budget`` seconds, then gets Ctrl-C (the run stops gracefully, nothing is lost). Tables go to
-OUT_DIR/gpu_service.md and .json, the runs to OUT_DIR/runs/.
+:func:`timed_run` starts the run, waits for its trials' first reports, then measures for ``window_s`` seconds and
+stops it with Ctrl-C (the run stops gracefully; nothing is lost), killing it ``stop_s`` later if it is still up.
+The window opens when ``expected`` trials have reported (the trials that train at once: 8 for a pack of 8, 1 for
+one trial at a time). A run whose trials send no report within ``first_report_s`` is stopped at once: a GPU trial
+that Ray cannot place stays PENDING, and Tune only warns.
 
-- ``ray_smoke``: `ablate run batch_vs_dim --scale smoke --no-dashboard` (the pruned Ray carried to a machine with
-  no network, ``benchmarks/gpu_check.sh``): does Ray Tune run here at all? It runs on a CPU machine too.
-- ``pack``: 8 points of the bimodal reference setting (benchmarks/grids/gpu_pack8.yaml) packed (``--pack 8``), as 8
-  trials sharing the GPU (``--gpus-per-trial 0.125``) and one trial at a time (``--gpus-per-trial 1``); then 32
-  points with ``--pack auto`` (gpu_pack32.yaml). Aggregate member steps/s (each trial's steps over its training
-  time, summed over the trials that trained at once), the GPU's mean utilisation, and whether every trial's
-  reports run 1..N (nothing lost).
-- ``claim9``: Zimmermann et al. Table 1 row 1 at the reference batch 6144, its 5 seeds in one pack: R² against
-  steps and seconds.
-- ``claim1``: claim 1's hardest point, Λ = 5/200 at batch 8192 (docs/probes/claim1_lambda200.yaml, b8192_8k).
+Rates, in member steps per second summed over the run's trials:
 
-Without CUDA the GPU parts print "no CUDA device: skipping …".
+- ``wall``: Δ(Σ member steps) / Δt between the window's two ends, each sum read from the trials' result logs
+  (their newest report). Everything a run spends is in it: checkpoint saves, evaluation, Ray's bookkeeping.
+- ``compute``: Σ Δsteps / (Σ Δtime_total_s / expected), the time inside the Trainable's ``step()`` only.
+
+The GPU's utilisation is sampled only inside the window.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import shutil
 import signal
@@ -29,37 +25,49 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from ablate.trial_log import read_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 GRIDS = ROOT / "benchmarks" / "grids"
 
-#: name → (grid, extra `ablate run` arguments): the runs of the ``pack`` part, in order.
-PACK_RUNS = {
-    "pack8": (GRIDS / "gpu_pack8.yaml", ["--pack", "8", "--gpus-per-trial", "1"]),
-    "fraction_0.125": (GRIDS / "gpu_pack8.yaml", ["--gpus-per-trial", "0.125"]),
-    "one_trial_per_gpu": (GRIDS / "gpu_pack8.yaml", ["--gpus-per-trial", "1"]),
-    "pack_auto_32": (GRIDS / "gpu_pack32.yaml", ["--pack", "auto", "--gpus-per-trial", "1"]),
-}
-SCIENCE_RUNS = {
-    "claim9": ("zimmermann_sphere", ["--scale", "paper", "--variants", "vmf_kappa1", "--pack", "8",
-                                     "--gpus-per-trial", "1", "--set", "report_every=250"]),
-    "claim1": (str(ROOT / "docs" / "probes" / "claim1_lambda200.yaml"),
-               ["--scale", "laptop", "--variants", "b8192_8k", "--gpus-per-trial", "1", "--set", "report_every=250"]),
-}  # fmt: skip
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One measured ``ablate run``: its name, grid, extra arguments and how many trials train at once."""
+
+    name: str
+    grid: str
+    args: list[str] = field(default_factory=list)
+    expected: int = 1
 
 
-def _cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
+#: Part 1: the same 8 points (the bimodal reference setting, 8 seeds) one trial per GPU, as 8 trials sharing it,
+#: and packed as one trial.
+PACK_RUNS = [
+    RunSpec("one_trial_per_gpu", str(GRIDS / "gpu_pack8.yaml"), ["--gpus-per-trial", "1"], expected=1),
+    RunSpec("fraction_0.125", str(GRIDS / "gpu_pack8.yaml"), ["--gpus-per-trial", "0.125"], expected=8),
+    RunSpec("pack8", str(GRIDS / "gpu_pack8.yaml"), ["--pack", "8", "--gpus-per-trial", "1"], expected=8),
+]
+#: Part 2: 32 points with ``--pack auto``.
+PACK_AUTO = RunSpec("pack_auto_32", str(GRIDS / "gpu_pack32.yaml"), ["--pack", "auto", "--gpus-per-trial", "1"], 32)
+#: Part 2: claim 9 (Zimmermann et al. 2021 Table 1 row 1 at the reference batch 6144, its seeds in one pack) and
+#: claim 1's hardest point (Λ = 5/200 at batch 8192).
+SCIENCE_RUNS = [
+    RunSpec("claim9", "zimmermann_sphere", ["--variants", "vmf_kappa1", "--pack", "8", "--gpus-per-trial", "1",
+                                            "--set", "report_every=250"], expected=1),
+    RunSpec("claim1", str(ROOT / "docs" / "probes" / "claim1_lambda200.yaml"),
+            ["--scale", "laptop", "--variants", "b8192_8k", "--gpus-per-trial", "1", "--set", "report_every=250"], 1),
+]  # fmt: skip
 
 
 class GpuSampler:
-    """Samples the GPU's utilisation (%) and memory (MiB) every 0.5 s with nvidia-smi while a run trains."""
+    """Samples the GPU's utilisation (%) and memory (MiB) every 0.5 s with nvidia-smi, each with its time."""
 
     def __init__(self):
-        self.samples: list[tuple[float, float]] = []
+        self.samples: list[tuple[float, float, float]] = []
         self._proc = None
 
     def __enter__(self):
@@ -81,154 +89,139 @@ class GpuSampler:
                 util, mem = (float(x) for x in line.split(",")[:2])
             except ValueError:
                 continue
-            self.samples.append((util, mem))
+            self.samples.append((time.time(), util, mem))
 
     def __exit__(self, *exc):
         if self._proc is not None:
             self._proc.terminate()
             self._proc.wait(timeout=10)
 
-    def summary(self) -> dict[str, float]:
-        if not self.samples:
+    def between(self, start: float, end: float) -> dict[str, float]:
+        """Mean utilisation and most memory of the samples taken from ``start`` to ``end``."""
+        inside = [(u, m) for t, u, m in self.samples if start <= t <= end]
+        if not inside:
             return {}
-        utils = [u for u, _ in self.samples]
-        return {"gpu_util_mean_pct": sum(utils) / len(utils), "gpu_mem_max_mib": max(m for _, m in self.samples)}
+        return {"gpu_util_pct": sum(u for u, _ in inside) / len(inside), "gpu_mem_mib": max(m for _, m in inside)}
 
 
-def _member_rows(run_dir: Path) -> dict[str, list[dict]]:
-    """trial folder → its reports (pack folders left out: their members have folders of their own)."""
+def member_logs(run_dir: Path) -> dict[str, list[dict]]:
+    """trial folder → its result log's rows (a pack's folder is left out: its members have folders of their own)."""
+    return {
+        d.name: read_rows(d / "result.json")
+        for d in sorted(run_dir.glob("trial_*"))
+        if not (d / "pack.json").exists() and (d / "result.json").exists()
+    }
+
+
+def _snapshot(run_dir: Path) -> dict[str, tuple[int, float]]:
+    """trial → (step, time_total_s) of its newest report, for the trials that have reported."""
     out = {}
-    for d in sorted(run_dir.glob("trial_*")):
-        if (d / "pack.json").exists() or not (d / "result.json").exists():
-            continue
-        rows = []
-        for line in (d / "result.json").read_text().splitlines():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-        out[d.name] = rows
+    for name, rows in member_logs(run_dir).items():
+        if rows:
+            out[name] = (int(rows[-1].get("step", 0)), float(rows[-1].get("time_total_s") or 0.0))
     return out
 
 
-def timed_run(name: str, grid: str, extra: list[str], out: Path, budget_s: float, first_report_s: float = 240) -> dict:
-    """One `ablate run` time-boxed to ``budget_s`` seconds after its first report, then Ctrl-C; its numbers."""
-    runs = out / "runs"
-    cmd = [sys.executable, "-m", "ablate.cli", "run", grid, "--storage", str(runs), "--name", name, "--no-dashboard",
-           "--no-report", *extra]  # fmt: skip
-    if "--scale" not in extra:
+def _checkpoint_mib(run_dir: Path) -> float:
+    """The largest checkpoint folder in the run, in MiB (a pack's holds every member's weights)."""
+    sizes = [sum(f.stat().st_size for f in c.rglob("*") if f.is_file()) for c in run_dir.glob("trial_*/checkpoint_*")]
+    return max(sizes, default=0) / 2**20
+
+
+def rates(start: dict[str, tuple[int, float]], end: dict[str, tuple[int, float]], seconds: float, expected: int):
+    """(wall, compute) member steps/s between two snapshots ``seconds`` apart (see the module docstring)."""
+    steps = sum(s for s, _ in end.values()) - sum(s for s, _ in start.values())
+    busy = sum(t - start.get(name, (0, 0.0))[1] for name, (_, t) in end.items())
+    wall = steps / seconds if seconds > 0 else float("nan")
+    compute = steps / (busy / expected) if busy > 0 else float("nan")
+    return wall, compute
+
+
+def _stop(proc: subprocess.Popen, stop_s: float) -> int:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+    try:
+        return proc.wait(timeout=stop_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        return proc.wait()
+
+
+def timed_run(spec: RunSpec, work: Path, window_s: float, first_report_s: float = 90, stop_s: float = 45) -> dict:
+    """Run ``spec`` under ``work`` (runs/ and logs/), measure it over a ``window_s`` window, stop it; its row."""
+    runs, log = work / "runs", work / "logs" / f"{spec.name}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    run_dir = runs / spec.name
+    cmd = [sys.executable, "-m", "ablate.cli", "run", spec.grid, "--storage", str(runs), "--name", spec.name,
+           "--no-dashboard", "--no-report", "--yes", *spec.args]  # fmt: skip
+    if "--scale" not in spec.args:
         cmd += ["--scale", "paper"]
-    log = out / f"{name}.log"
-    started = time.time()
+    note, started = "", time.time()
+    opened = closed = None
     with log.open("w") as f, GpuSampler() as gpu:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.time() + first_report_s
-        while proc.poll() is None and time.time() < deadline and not any(_member_rows(runs / name).values()):
-            time.sleep(0.5)
-        trained_from = time.time()
-        while proc.poll() is None and time.time() < trained_from + budget_s:
-            time.sleep(0.5)
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-        try:
-            code = proc.wait(timeout=90)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            code = proc.wait()
-    rows = _member_rows(runs / name)
-    steps = {t: r[-1]["step"] for t, r in rows.items() if r}
-    rates = [r[-1]["step"] / r[-1]["time_total_s"] for r in rows.values() if r and r[-1].get("time_total_s")]
-    intact = all([x.get("training_iteration") for x in r] == list(range(1, len(r) + 1)) for r in rows.values())
-    result = {
-        "run": name,
-        "exit": code,
-        "wall_s": round(time.time() - started, 1),
-        "trials_reporting": len(steps),
-        "member_steps": sum(steps.values()),
-        "agg_steps_per_s": round(sum(rates), 2) if rates else None,
-        "reports_intact": intact,
-        **{k: round(v, 1) for k, v in gpu.summary().items()},
-    }
-    if code not in (0, 130):
-        result["error"] = log.read_text()[-400:].replace("\n", " | ")
-    return result
+        while proc.poll() is None:
+            now, snap = time.time(), _snapshot(run_dir)
+            if opened is None:
+                late = now - started > first_report_s
+                if len(snap) >= spec.expected or (late and snap):
+                    opened = (now, snap)
+                    if len(snap) < spec.expected:
+                        note = f"{len(snap)} of {spec.expected} trials reported within {first_report_s:.0f} s"
+                elif late:
+                    note = f"no report within {first_report_s:.0f} s: stopped"
+                    break
+            elif now - opened[0] >= window_s:
+                closed = (now, snap)
+                break
+            time.sleep(0.25)
+        if opened is not None and closed is None:  # the run ended (or failed) inside the window
+            closed = (time.time(), _snapshot(run_dir))
+            note = note or f"the run ended {closed[0] - opened[0]:.0f} s into the window"
+        code = _stop(proc, stop_s)
+        util = gpu.between(opened[0], closed[0]) if opened else {}
+    logs = member_logs(run_dir) if run_dir.exists() else {}
+    intact = all([r.get("training_iteration") for r in rows] == list(range(1, len(rows) + 1)) for rows in logs.values())
+    row = {"run": spec.name, "exit": code, "trials": f"{len(closed[1]) if closed else 0}/{spec.expected}"}
+    if opened and closed:
+        seconds = closed[0] - opened[0]
+        wall, compute = rates(opened[1], closed[1], seconds, spec.expected)
+        row.update({"window_s": round(seconds, 1), "steps_per_s_wall": wall, "steps_per_s_compute": compute})
+    row.update({k: round(v, 1) for k, v in util.items()})
+    row.update({"ckpt_mib": round(_checkpoint_mib(run_dir), 1) if run_dir.exists() else 0, "intact": intact})
+    row["wall_s"] = round(time.time() - started, 1)
+    if code not in (0, 130) and not note:
+        note = "exit " + str(code) + ": " + " | ".join(log.read_text().splitlines()[-3:])[-300:]
+    row["note"] = note
+    return row
 
 
-def science_curve(name: str, out: Path) -> list[dict]:
+def science_curve(run_dir: Path) -> list[dict]:
     """Every report of every trial of a science run: R² against step and seconds of training."""
     rows = []
-    for trial, reports in _member_rows(out / "runs" / name).items():
+    for trial, reports in member_logs(run_dir).items():
         for r in reports:
-            rows.append({"trial": trial.removeprefix("trial_"), "step": r.get("step"), "time_s": round(r.get("time_total_s", 0), 1),
-                         "r2": r.get("r2"), **{k: v for k, v in r.items() if k.startswith("r2_lambda_")}})  # fmt: skip
+            rows.append({"trial": trial.removeprefix("trial_")[:12], "step": r.get("step"),
+                         "time_s": round(float(r.get("time_total_s") or 0), 1), "r2": r.get("r2")})  # fmt: skip
     return rows
 
 
-def _table(title: str, rows: list[dict]) -> str:
-    if not rows:
-        return f"\n### {title}\n(skipped)\n"
-    cols = list(dict.fromkeys(k for r in rows for k in r))
-    fmt = lambda v: f"{v:.4g}" if isinstance(v, float) else str(v)  # noqa: E731
-    lines = [f"\n### {title}", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    return "\n".join(lines + ["| " + " | ".join(fmt(r.get(c, "")) for c in cols) + " |" for r in rows]) + "\n"
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.gpu_service")
-    p.add_argument("out")
-    p.add_argument("--only", default="ray_smoke,pack,claim9,claim1")
-    p.add_argument("--budget", type=float, default=45.0, help="seconds of training per time-boxed run")
-    p.add_argument("--science-budget", type=float, default=60.0, help="seconds of training for claim9 and claim1")
-    args = p.parse_args(argv)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    parts = args.only.split(",")
-    cuda = _cuda()
-    device = "no CUDA device"
-    if cuda:
-        import torch
-
-        device = torch.cuda.get_device_name(0)
-    results: dict[str, list[dict]] = {}
-    header = f"# ablate GPU check, service parts: {device}, {time.strftime('%Y-%m-%d %H:%M')}\n"
-
-    def write() -> None:
-        text = header + "".join(_table(k, v) for k, v in results.items())
-        (out / "gpu_service.md").write_text(text)
-        (out / "gpu_service.json").write_text(json.dumps({"device": device, **results}, indent=1, default=str))
-
-    ray_ok = True
-    if "ray_smoke" in parts:
-        row = timed_run("ray_smoke", "batch_vs_dim", ["--scale", "smoke"], out, budget_s=60, first_report_s=90)
-        ray_ok = row["exit"] == 0
-        results["ray_smoke"] = [row]
-        print(("Ray Tune runs here" if ray_ok else f"Ray could not run here: {row.get('error')}"), flush=True)
-        write()
-    for part in ("pack", "claim9", "claim1"):
-        if part not in parts:
+def time_to(curve: list[dict], targets=(0.9, 0.95, 0.99)) -> list[dict]:
+    """Per trial of a science run: its last step, best R², and the step and seconds at which R² first reached
+    each target (blank where it did not)."""
+    out = []
+    for trial in dict.fromkeys(r["trial"] for r in curve):
+        rows = [r for r in curve if r["trial"] == trial and isinstance(r.get("r2"), float)]
+        if not rows:
             continue
-        if not cuda:
-            print(f"no CUDA device: skipping the service's {part} part", flush=True)
-            continue
-        if not ray_ok:
-            print(f"Ray did not run in ray_smoke: skipping the service's {part} part", flush=True)
-            continue
-        if part == "pack":
-            results["pack"] = []
-            for name, (grid, extra) in PACK_RUNS.items():
-                results["pack"].append(timed_run(name, str(grid), extra, out, args.budget))
-                print(json.dumps(results["pack"][-1]), flush=True)
-                write()
-        else:
-            grid, extra = SCIENCE_RUNS[part]
-            results[f"{part}_run"] = [timed_run(part, grid, extra, out, args.science_budget)]
-            results[f"{part}_curve"] = science_curve(part, out)
-            print(json.dumps(results[f"{part}_run"]), flush=True)
-            write()
-    write()
-    print((out / "gpu_service.md").read_text(), flush=True)
-    return 0 if ray_ok else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        row = {
+            "trial": trial,
+            "steps": rows[-1]["step"],
+            "time_s": rows[-1]["time_s"],
+            "best_r2": max(r["r2"] for r in rows),
+        }
+        for t in targets:
+            hit = next((r for r in rows if r["r2"] >= t), None)
+            row[f"to_{t:g}"] = f"{hit['step']} st / {hit['time_s']} s" if hit else ""
+        out.append(row)
+    return out

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 from conftest import run_logged, sigterm_after, smoke_cmd
 
 from ablate.analysis.results import load_results
@@ -154,6 +155,9 @@ def test_a_pack_member_s_cut_log_is_refilled_on_resume(tmp_path):
     extra = ("--set", "max_steps=600", "report_every=10", "--pack", "4", "--no-report", "--max-concurrent", "1")
     argv = smoke_cmd(tmp_path, "--name", "p", *extra)
     sigterm_after(argv, tmp_path / "p", 60, tmp_path / "first.log")
+    states = [torch.load(c, weights_only=True) for c in (tmp_path / "p").glob("trial_pack-*/checkpoint_*/state.pt")]
+    stacked = [state for state in states if "stacked" in state]
+    assert stacked and all("members" not in state for state in stacked)  # a pack's checkpoint: each weight once
     logs = sorted(p for p in (tmp_path / "p").glob("trial_*/result.json"))
     victim = max(logs, key=lambda p: len(p.read_text().splitlines()))
     lines = victim.read_text().splitlines(keepends=True)
@@ -161,6 +165,7 @@ def test_a_pack_member_s_cut_log_is_refilled_on_resume(tmp_path):
     victim.write_text("".join(lines[:5]) + lines[5][: len(lines[5]) // 2])
     code, text = run_logged([*argv, "--resume"], tmp_path / "resume.log")
     assert code == 0, text[-3000:]
+    assert "0 continued" not in text, text[-3000:]  # the pack went on from its checkpoint, not from step 0
     df = load_results(tmp_path / "p")
     for _, trial in df.groupby("trial_id"):
         assert trial["step"].tolist() == list(range(10, 601, 10)), trial["step"].tolist()
