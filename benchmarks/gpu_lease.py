@@ -128,7 +128,11 @@ def part_two(lease: Lease, gpus: float) -> None:
 def _service_runs(lease: Lease, specs, gpus: float, window_s: float, curves: list | None = None) -> list[dict]:
     work = Path(os.environ.get("GPU_CHECK_WORK", "/tmp/ablate-gpu-check"))
     rows = []
+    only = [name for name in os.environ.get("GPU_CHECK_ONLY", "").split(",") if name]
     for spec in specs:
+        if only and spec.name not in only:
+            lease.say(f"GPU_CHECK_ONLY: skipping {spec.name}")
+            continue
         if gpus < 1:
             lease.say(f"Ray sees no GPU: skipping {spec.name}")
             continue

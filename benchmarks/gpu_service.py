@@ -57,7 +57,7 @@ PACK_AUTO = RunSpec("pack_auto_32", str(GRIDS / "gpu_pack32.yaml"), ["--pack", "
 #: claim 1's hardest point (Λ = 5/200 at batch 8192).
 SCIENCE_RUNS = [
     RunSpec("claim9", "zimmermann_sphere", ["--variants", "vmf_kappa1", "--pack", "8", "--gpus-per-trial", "1",
-                                            "--set", "report_every=250"], expected=1),
+                                            "--set", "report_every=250"], expected=5),
     RunSpec("claim1", str(ROOT / "docs" / "probes" / "claim1_lambda200.yaml"),
             ["--scale", "laptop", "--variants", "b8192_8k", "--gpus-per-trial", "1", "--set", "report_every=250"], 1),
 ]  # fmt: skip
@@ -197,12 +197,14 @@ def timed_run(spec: RunSpec, work: Path, window_s: float, first_report_s: float 
 
 
 def science_curve(run_dir: Path) -> list[dict]:
-    """Every report of every trial of a science run: R² against step and seconds of training."""
+    """Every report of every trial of a science run: R² (and each Λ block's R²) against step and seconds of
+    training; a trial is named by its axes and seed."""
     rows = []
     for trial, reports in member_logs(run_dir).items():
         for r in reports:
-            rows.append({"trial": trial.removeprefix("trial_")[:12], "step": r.get("step"),
-                         "time_s": round(float(r.get("time_total_s") or 0), 1), "r2": r.get("r2")})  # fmt: skip
+            rows.append({"trial": trial.removeprefix("trial_").rsplit("-", 1)[0], "step": r.get("step"),
+                         "time_s": round(float(r.get("time_total_s") or 0), 1), "r2": r.get("r2"),
+                         **{k: v for k, v in r.items() if k.startswith("r2_lambda_")}})  # fmt: skip
     return rows
 
 
