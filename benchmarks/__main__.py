@@ -1,4 +1,4 @@
-"""`python -m benchmarks [--quick] [--only step,sampler,memory,ray,profile,time_to_r2,reference_curve,generator,overhead,threads,bookkeeping,shared_ray,ray_cpu,pair_loss,prefetch]`.
+"""`python -m benchmarks [--quick] [--only step,sampler,memory,ray,profile,compile,time_to_r2,reference_curve,generator,overhead,threads,bookkeeping,shared_ray,ray_cpu,pair_loss,prefetch]`.
 
 Prints ablate's performance tables.
 
@@ -7,7 +7,7 @@ Prints ablate's performance tables.
 - sampler: conditional samples per second and the rejection rate at Λ = 5, 25, 75 and d = 10, 20.
 - memory: peak resident memory of a process training one trial at batch 1000 and 8192.
 - ray: a grid's wall time against the sum of its trials' compute time divided by the concurrency.
-- opt-in: profile (torch.profiler of the reference step); time_to_r2 (seconds to R² 0.9/0.95/0.99 on the
+- opt-in: profile (torch.profiler of the reference step); compile (the step eager and under torch.compile); time_to_r2 (seconds to R² 0.9/0.95/0.99 on the
   bimodal setting with --preset, per --seeds); reference_curve (the RunConfig defaults for --steps steps, R²,
   loss and Λ̂ every 1000 steps, per --seeds); generator (seconds to build the papers' g per d).
 The GPU check is `python -m benchmarks.gpu_check OUT_DIR` (benchmarks/gpu_check.py).
@@ -327,6 +327,12 @@ def main(argv: list[str] | None = None) -> int:
             r["ratio_to_peak"] = r["gflops"] / peak
             rows.append(r)
         _print("training step, reference encoder, AnInfoNCE", rows)
+    if "compile" in parts:  # opt-in: torch.compile of the step on the CPU (benchmarks/compile_step.py)
+        from benchmarks.compile_step import compile_rows
+
+        _print(
+            "training step, eager and torch.compile", compile_rows(matmul_rate(), 20 if args.quick else 60, step_flops)
+        )
     if "pair_loss" in parts:  # opt-in: the CPU exp clamp on moderate and sharp logits
         rows = [bench_pair_loss(2048, d, w, clamp) for d in (4, 10) for w in (5.0, 400.0) for clamp in (False, True)]
         _print("fused pair loss (forward with its gradient), normalised h, Λ̂ = λ·I, this process's torch threads", rows)
