@@ -71,25 +71,37 @@ def _cpu() -> dict[str, Any]:
     return {"cpu": model, "cpu_count": os.cpu_count()}
 
 
-def _gpus() -> list[dict[str, Any]]:
-    """This node's GPUs (name, memory, driver) from nvidia-smi, and torch's CUDA version; [] without one."""
+def query_gpus() -> list[dict[str, Any]]:
+    """This node's GPUs from nvidia-smi: name, total memory in MiB, driver; [] without one. ablate reads GPUs here
+    only (provenance, the memory check), and not with torch: a driver process must not start CUDA, whose context
+    takes memory on the card and does not survive a fork."""
     smi = shutil.which("nvidia-smi")
     if smi is None:
         return []
     query = "--query-gpu=name,memory.total,driver_version"
     try:
-        out = subprocess.run([smi, query, "--format=csv,noheader"], capture_output=True, text=True, timeout=20)
+        out = subprocess.run([smi, query, "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=20)
     except (OSError, subprocess.SubprocessError):
         return []
-    cuda = None
-    if "torch" in sys.modules:
-        cuda = getattr(sys.modules["torch"].version, "cuda", None)
     gpus = []
     for line in out.stdout.splitlines():
         parts = [p.strip() for p in line.split(",")]
-        if len(parts) == 3:
-            gpus.append({"name": parts[0], "memory": parts[1], "driver": parts[2], "cuda": cuda})
+        try:
+            gpus.append({"name": parts[0], "memory_mib": int(float(parts[1])), "driver": parts[2]})
+        except (IndexError, ValueError):
+            continue
     return gpus
+
+
+def _gpus() -> list[dict[str, Any]]:
+    """This node's GPUs (name, memory, driver) and torch's CUDA version, for the provenance record."""
+    cuda = None
+    if "torch" in sys.modules:
+        cuda = getattr(sys.modules["torch"].version, "cuda", None)
+    return [
+        {"name": g["name"], "memory": f"{g['memory_mib']} MiB", "driver": g["driver"], "cuda": cuda}
+        for g in query_gpus()
+    ]
 
 
 def collect(argv: list[str] | None = None, event: str = "start") -> dict[str, Any]:

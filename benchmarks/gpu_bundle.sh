@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The offline bundle for a GPU node without network: `bash benchmarks/gpu_bundle.sh [OUT_DIR] [--with-optuna] [--with-plotly]`
-# writes OUT_DIR/site.tar.xz (default OUT_DIR: .carry, the folder benchmarks/gpu_check.sh unpacks): Ray Tune 2.60 and
-# pydantic, with the packages they need that a CUDA PyTorch image does not already hold, for CPython 3.12 on x86-64
-# Linux. It is built from wheels (pip download --only-binary for that platform), so it can be built on any machine
+# writes OUT_DIR/site.tar.xz (default OUT_DIR: .carry, the folder benchmarks/gpu_check.sh unpacks): Ray Tune 2.60,
+# pydantic and psutil, with the packages they need that a CUDA PyTorch image does not already hold, for CPython 3.12
+# on x86-64 Linux. It is built from wheels (pip download --only-binary for that platform), so it can be built on any machine
 # with the package index, whatever its own Python. The node must already have torch, numpy, pandas, pyarrow, scipy,
 # scikit-learn, PyYAML and Ray's other pure-Python dependencies (click, filelock, msgpack, protobuf, requests,
 # packaging, aiohttp, grpcio, attrs), as the usual CUDA PyTorch images do.
@@ -30,7 +30,7 @@ platform=(--only-binary=:all: --no-deps --implementation cp --python-version 3.1
 # Pinned to the versions ablate's tests run with (Ray's lower end, 2.52, is tested in CI too).
 wheels=(ray==2.60.0 pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5
         typing_extensions==4.16.0 jsonschema==4.26.0 jsonschema-specifications==2025.9.1 referencing==0.37.0
-        rpds-py==2026.9.1 tensorboardX==2.6.5)
+        rpds-py==2026.9.1 tensorboardX==2.6.5 psutil==7.2.2)
 ((optuna)) && wheels+=(optuna==5.0.0 alembic==1.20.1 SQLAlchemy==2.1.9 Mako==1.4.3 colorlog==6.12.0)
 ((plotly)) && wheels+=(plotly==7.1.0)
 python3 -m pip download -q "${platform[@]}" -d "$work/wheels" "${wheels[@]}"

@@ -1,14 +1,14 @@
 """Is a difference between the levels of one axis larger than seed noise? Intervals over seeds.
 
-Everything here is pure numpy/pandas on the tidy table of :func:`ablate.analysis.results.load_results` (or
+Everything here is numpy, pandas and scipy.stats on the tidy table of :func:`ablate.analysis.results.load_results` (or
 :func:`ablate.analysis.run.load_run`'s ``df``): one value per trial (its final report, or its report at one step),
 grouped by grid point. The papers' claims compare variants over a few seeds; :func:`compare` says, for each pair
 of levels of one axis at every combination of the other axes, how far apart the seed means are and how sure that is:
 
-- Welch's t interval of the difference of means (unequal variances), which needs at least 2 seeds per side; it
-  decides the verdict, since it stays honest at a few seeds;
-- a percentile bootstrap interval over seeds (each side resampled on its own, ``N_BOOT`` resamples from a fixed
-  seed, so the output is reproducible), also only with at least 2 seeds per side: a resample of one value has no
+- Welch's t interval of the difference of means (unequal variances; ``scipy.stats.ttest_ind``), which needs at
+  least 2 seeds per side; it decides the verdict, since it stays honest at a few seeds;
+- a percentile bootstrap interval over seeds (``scipy.stats.bootstrap``: each side resampled on its own,
+  ``N_BOOT`` resamples from a fixed seed, so the output is reproducible), also only with at least 2 seeds per side: a resample of one value has no
   spread, and its interval would read as certainty.
 
 With fewer seeds the verdict says so (``n=1: too few seeds to tell``) and no interval is given: it never reads as
@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from scipy.stats import t as student_t
+from scipy import stats
 
 from ablate.analysis.run import final_rows
 from ablate.rundir import RunError
@@ -73,44 +73,48 @@ def mean_interval(values: Iterable[Any], level: float = LEVEL) -> tuple[float, f
     m = float(v.mean())
     if v.size < MIN_SEEDS:
         return m, math.nan, math.nan, int(v.size)
-    half = float(student_t.ppf(0.5 + level / 2, v.size - 1)) * float(v.std(ddof=1)) / math.sqrt(v.size)
+    half = float(stats.t.ppf(0.5 + level / 2, v.size - 1)) * float(v.std(ddof=1)) / math.sqrt(v.size)
     return m, m - half, m + half, int(v.size)
 
 
 def welch_interval(a: Iterable[Any], b: Iterable[Any], level: float = LEVEL) -> tuple[float, float, float, float]:
-    """Welch's t interval of mean(a) − mean(b): (lo, hi, degrees of freedom, two-sided p).
+    """Welch's t interval of mean(a) − mean(b): (lo, hi, degrees of freedom, two-sided p), from
+    ``scipy.stats.ttest_ind(a, b, equal_var=False)``.
 
     All nan with fewer than 2 finite values on either side, or with no spread on both sides (no standard error).
     """
     a, b = _finite(a), _finite(b)
-    if a.size < MIN_SEEDS or b.size < MIN_SEEDS:
+    if a.size < MIN_SEEDS or b.size < MIN_SEEDS or not (a.var() + b.var()) > 0:
         return math.nan, math.nan, math.nan, math.nan
-    va, vb = a.var(ddof=1) / a.size, b.var(ddof=1) / b.size
-    se2 = va + vb
-    if not se2 > 0:
-        return math.nan, math.nan, math.nan, math.nan
-    dof = se2**2 / (va**2 / (a.size - 1) + vb**2 / (b.size - 1))
-    diff, se = float(a.mean() - b.mean()), math.sqrt(se2)
-    half = float(student_t.ppf(0.5 + level / 2, dof)) * se
-    p = float(2 * student_t.sf(abs(diff) / se, dof))
-    return diff - half, diff + half, float(dof), p
+    result = stats.ttest_ind(a, b, equal_var=False)
+    ci = result.confidence_interval(level)
+    return float(ci.low), float(ci.high), float(result.df), float(result.pvalue)
 
 
 def bootstrap_interval(
     a: Iterable[Any], b: Iterable[Any], level: float = LEVEL, n_boot: int = N_BOOT, seed: int = BOOT_SEED
 ) -> tuple[float, float]:
-    """Percentile bootstrap interval of mean(a) − mean(b), each side resampled with replacement on its own.
+    """Percentile bootstrap interval of mean(a) − mean(b), each side resampled with replacement on its own
+    (``scipy.stats.bootstrap``, ``method="percentile"``).
 
-    Reproducible (``seed``); (nan, nan) with fewer than 2 finite values on either side.
+    Reproducible (``seed``); (nan, nan) with fewer than 2 finite values on either side; the difference itself when
+    neither side has any spread (every resample gives it).
     """
     a, b = _finite(a), _finite(b)
     if a.size < MIN_SEEDS or b.size < MIN_SEEDS:
         return math.nan, math.nan
-    rng = np.random.default_rng(seed)
-    ma = a[rng.integers(0, a.size, size=(n_boot, a.size))].mean(axis=1)
-    mb = b[rng.integers(0, b.size, size=(n_boot, b.size))].mean(axis=1)
-    lo, hi = np.quantile(ma - mb, [0.5 - level / 2, 0.5 + level / 2])
-    return float(lo), float(hi)
+    if not (a.var() + b.var()) > 0:
+        diff = float(a.mean() - b.mean())
+        return diff, diff
+    ci = stats.bootstrap(
+        (a, b),
+        lambda x, y, axis=-1: np.mean(x, axis=axis) - np.mean(y, axis=axis),
+        n_resamples=n_boot,
+        confidence_level=level,
+        method="percentile",
+        random_state=np.random.default_rng(seed),
+    ).confidence_interval
+    return float(ci.low), float(ci.high)
 
 
 def difference(
@@ -245,7 +249,7 @@ def seed_ci(df: pd.DataFrame, keys: list[str], value: str, level: float = LEVEL)
     out = g.agg(mean="mean", sd="std", n_seeds="count").reset_index()
     n = out["n_seeds"].to_numpy(dtype=float)
     with np.errstate(invalid="ignore", divide="ignore"):
-        q = np.where(n >= MIN_SEEDS, student_t.ppf(0.5 + level / 2, np.maximum(n - 1, 1)), np.nan)
+        q = np.where(n >= MIN_SEEDS, stats.t.ppf(0.5 + level / 2, np.maximum(n - 1, 1)), np.nan)
         half = q * out["sd"].to_numpy(dtype=float) / np.sqrt(n)
     out["lo"], out["hi"] = out["mean"] - half, out["mean"] + half
     return out[[*keys, "mean", "lo", "hi", "n_seeds"]]

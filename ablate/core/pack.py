@@ -9,13 +9,10 @@ other BLAS builds or a GPU only up to float reassociation.
 
 How the k models are batched: stacked weights ``(k, out, in)`` and one ``baddbmm`` per layer with a backward that
 mirrors ``F.linear``'s (:func:`~ablate.core.batched.linear_nt`), rather than ``torch.func.stack_module_state`` +
-``vmap``. Measured with ``python -m benchmarks.pack`` (this 2-core CPU, 1 thread, CPU ms of one forward +
-backward of k reference encoders on 2B rows, best of 10): baddbmm 1.73 / 4.39 / 11.9 ms against vmap 2.66 / 5.03 /
-14.2 ms at d = 4, B = 64, k = 1 / 3 / 8, and 27.9 / 92.7 / 258 against 33.4 / 101 / 295 ms at d = 10, B = 256.
-vmap was slower at every size, its weight gradients differ from a solo run's in the last bits (autograd's bmm
-backward), and the fused loss (a custom autograd Function) would need a vmap rule. On the CPU a pack's gain is
-the per-operation overhead it saves: a pack of 8 trained 1.9× the member steps per second of 8 solo runs at
-d = 4, B = 64, and 1.1× at d = 10, B = 256, where the matmuls dominate (the numbers: benchmarks/pack.py).
+``vmap``: measured with ``python -m benchmarks.pack``, vmap was slower at every size, its weight gradients differ
+from a solo run's in the last bits (autograd's bmm backward), and the fused loss (a custom autograd Function)
+would need a vmap rule. On the CPU a pack's gain is the per-operation overhead it saves, large for tiny steps and
+small where the matmuls dominate (docs/performance.md has the numbers).
 
 Per-member state: the learning rates enter Adam as a ``(k, 1, …)`` tensor in the update of the stacked tensors,
 with torch.optim.Adam's single-tensor arithmetic otherwise (so a pack of 1 takes Adam's steps exactly); a member

@@ -136,39 +136,42 @@ def test_prefetch_switch_respects_the_config():
     assert exp.prefetch is False
 
 
-# ------------------------------------------------------------------ the spare-core meter (Linux /proc/stat)
+# ------------------------------------------------------------------ the spare-core meter (psutil's CPU times)
 
-from ablate.service.execution.spare_cores import SpareCoreMeter, read_proc_stat  # noqa: E402
-
-
-def _write_stat(path, busy: int, idle: int, cores: int = 4) -> None:
-    # cpu  user nice system idle iowait irq softirq steal guest guest_nice
-    lines = [f"cpu  {busy} 0 0 {idle} 0 0 0 0 0 0"]
-    lines += [f"cpu{i} 0 0 0 0 0 0 0 0 0 0" for i in range(cores)]
-    path.write_text("\n".join(lines + ["intr 1 2 3", "ctxt 5"]) + "\n")
+from ablate.service.execution.spare_cores import SpareCoreMeter, read_cpu_times  # noqa: E402
 
 
-def test_read_proc_stat_counts_busy_total_and_cores(tmp_path):
-    stat = tmp_path / "stat"
-    stat.write_text("cpu  10 2 3 100 5 1 1 0 7 0\ncpu0 1 1 1 1 1 1 1 1 0 0\ncpu1 1 1 1 1 1 1 1 1 0 0\n")
-    assert read_proc_stat(stat) == (10 + 2 + 3 + 1 + 1, 10 + 2 + 3 + 100 + 5 + 1 + 1 + 0, 2)
-    assert read_proc_stat(tmp_path / "missing") is None
+def test_read_cpu_times_counts_busy_total_and_cores():
+    import psutil
+
+    busy, total, cores = read_cpu_times()
+    assert 0 < busy < total and cores == psutil.cpu_count()
+    time.sleep(0.2)
+    busy2, total2, _ = read_cpu_times()
+    assert busy2 >= busy and total2 > total
 
 
-def test_meter_subtracts_this_process_and_its_main_thread(tmp_path):
-    stat = tmp_path / "stat"
-    _write_stat(stat, busy=0, idle=0)
-    meter = SpareCoreMeter(stat)
-    time.sleep(1.1)  # this process sleeps: its own CPU time is ~0
+class _Readings:
+    """A stand-in for the machine's CPU times: the meter reads the next one each time."""
+
+    def __init__(self, *readings):
+        self.readings = list(readings)
+
+    def __call__(self):
+        return self.readings.pop(0) if len(self.readings) > 1 else self.readings[0]
+
+
+def test_meter_subtracts_this_process_and_its_main_thread():
     # over the interval the machine's 4 cores were busy 25 % of the time: one core's worth, all by others
-    _write_stat(stat, busy=100, idle=300)
+    meter = SpareCoreMeter(_Readings((0.0, 0.0, 4), (100.0, 400.0, 4)))
+    time.sleep(1.1)  # this process sleeps: its own CPU time is ~0
     spare = meter.spare()
     assert spare == pytest.approx(4 - 1 - 1, abs=0.05)
     assert meter.spare() is None  # too soon after the previous reading
 
 
-def test_meter_without_proc_stat_says_unknown(tmp_path):
-    meter = SpareCoreMeter(tmp_path / "missing")
+def test_meter_without_cpu_times_says_unknown():
+    meter = SpareCoreMeter(lambda: None)
     time.sleep(1.1)
     assert meter.spare() is None
 

@@ -104,7 +104,7 @@ def test_batch_size_1e9_is_refused_before_ray_naming_setting_estimate_and_memory
     line = _refused(done)
     assert done.stdout.splitlines()[0] == "--set batch_size=1e9: replaces the grid's axis batch_size (was [16,32])"
     assert "batch_size=1000000000" in line and "needs about" in line and "GiB of memory" in line, line
-    assert "available (MemAvailable in /proc/meminfo" in line and "lower batch_size" in line, line
+    assert "available (MemAvailable (psutil)" in line and "lower batch_size" in line, line
     assert not storage.exists()
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import platform
 import subprocess
 from pathlib import Path
@@ -66,3 +67,20 @@ def test_a_run_records_its_provenance_and_status_and_report_show_it(tmp_path):
     code, status = run_logged([*smoke_cmd(tmp_path)[:3], "status", str(run_dir)], tmp_path / "status.log")
     assert code == 0 and f"made by: {summary_line(record)}" in status
     assert summary_line(record) in (run_dir / "report.html").read_text()
+
+
+def test_gpus_are_read_in_one_place_for_provenance_and_the_memory_check(tmp_path, monkeypatch):
+    """A stand-in nvidia-smi (a real executable on PATH) answers as on an H200: provenance records the card, and the
+    memory check sees its memory, both from ablate.provenance.query_gpus."""
+    from ablate.provenance import _gpus, query_gpus
+    from ablate.service.execution.memory import local_machine
+
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'NVIDIA H200, 143771, 580.159.04'\necho 'NVIDIA H200, 143771, 580.159.04'\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    assert query_gpus() == [{"name": "NVIDIA H200", "memory_mib": 143771, "driver": "580.159.04"}] * 2
+    assert _gpus()[0]["memory"] == "143771 MiB" and _gpus()[0]["name"] == "NVIDIA H200"
+    assert local_machine().gpus == (143771 << 20, 143771 << 20)
+    smi.write_text("#!/bin/sh\nexit 9\n")
+    assert query_gpus() == [] and local_machine().gpus == ()

@@ -3,19 +3,18 @@
 Without this, a trial too large for the machine (``--set batch_size=1e9``) starts Ray, allocates until Ray's
 memory monitor or the kernel's OOM killer stops it, and takes other processes' work down with it. The estimate
 of a trial's peak (:func:`ablate.service.specs.costs.peak_memory`) is compared with what this machine has now:
-``MemAvailable`` of /proc/meminfo for RAM, less what the local Ray's own processes take, and for a GPU trial
-the card's memory (``nvidia-smi``). A trial joining a Ray cluster (``address``) is not checked here: its
+the RAM available now (``psutil.virtual_memory().available``: Linux's MemAvailable), less what the local Ray's own
+processes take, and for a GPU trial the card's memory (``nvidia-smi``, not torch: the driver must not start CUDA,
+whose context takes memory on the card and cannot be forked). A trial joining a Ray cluster (``address``) is not checked here: its
 machines are not known before Ray connects.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 from dataclasses import dataclass
-from pathlib import Path
 
+from ablate.provenance import query_gpus
 from ablate.rundir import RunError
 from ablate.service.specs.costs import MemoryEstimate, peak_memory
 from ablate.service.specs.grids import Grid
@@ -41,39 +40,26 @@ class Machine:
     cpus: int = 1
 
 
-def _meminfo_available(path: str = "/proc/meminfo") -> int | None:
+def _ram_available() -> int | None:
+    """Bytes of RAM available now (psutil), or None where psutil cannot tell."""
     try:
-        for line in Path(path).read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    except Exception:  # noqa: BLE001 - psutil missing or refused by the platform: memory unknown, not checked
         return None
-    return None
 
 
 def _gpu_memory() -> tuple[int, ...]:
-    """Each GPU's total memory in bytes from ``nvidia-smi`` (without starting CUDA here), or () when unknown."""
-    exe = shutil.which("nvidia-smi")
-    if exe is None:
-        return ()
-    try:
-        out = subprocess.run(
-            [exe, "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
-            capture_output=True,
-            text=True,
-            timeout=20,
-            check=True,
-        ).stdout
-        return tuple(int(float(x)) << 20 for x in out.split())
-    except (OSError, subprocess.SubprocessError, ValueError):
-        return ()
+    """Each GPU's total memory in bytes (:func:`ablate.provenance.query_gpus`), or () when unknown."""
+    return tuple(g["memory_mib"] << 20 for g in query_gpus())
 
 
 def local_machine(num_cpus: int | None = None) -> Machine:
     """This machine as an embedded Ray will see it: RAM available now less :data:`RAY_RESERVE`, its GPUs."""
-    ram = _meminfo_available()
+    ram = _ram_available()
     usable = None if ram is None else max(ram - RAY_RESERVE, 0)
-    source = "MemAvailable in /proc/meminfo, less 2 GiB for Ray's own processes"
+    source = "MemAvailable (psutil), less 2 GiB for Ray's own processes"
     return Machine(usable, source, _gpu_memory(), num_cpus or os.cpu_count() or 1)
 
 

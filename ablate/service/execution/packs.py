@@ -1,8 +1,8 @@
 """How many grid points a Ray trial trains as one pack (``ablate run --pack K|auto``).
 
-Packs pay where a single trial leaves its device waiting on the host: a GPU (measured on an H200: the reference
-step used 1.7 % of the card's matmul rate; a batched model of 8 gave 13.6x the aggregate steps/s). On the CPU they
-help only tiny steps, so ``auto`` means no packing there.
+Packs pay where a single trial leaves its device waiting on the host: a GPU, whose single-trial step uses a small
+share of the card's matmul rate (docs/performance.md, "GPU check", has the measured rates of packs, fractions and
+single trials). On the CPU they help only tiny steps, so ``auto`` means no packing there.
 """
 
 from __future__ import annotations

@@ -3,49 +3,51 @@
 A trial draws its next batch in a second thread (`Experiment.prefetch`) only where that thread gets a core of
 its own. On a full machine the thread competes with the other trials and slows them more than it speeds its
 own trial (measured on `batch_vs_dim`'s laptop grid, docs/performance.md); on a machine with an idle core, as
-when the last trial of a grid runs alone, it makes a sampler-bound trial up to 1.5× faster. The numbers of a
+when the last trial of a grid runs alone, it makes a sampler-bound trial faster (docs/performance.md). The numbers of a
 run are the same either way, so the trial may switch it at every report.
 
-The measure is Linux's ``/proc/stat`` (every core's busy time) minus this process's own CPU time, over the
-interval since the previous reading. Elsewhere it is unknown and the prefetch stays off.
+The measure is the machine's busy CPU time (``psutil.cpu_times``, every core's; on Linux read from /proc/stat)
+minus this process's own CPU time, over the interval since the previous reading. Where psutil cannot tell, it is
+unknown and the prefetch stays off.
 """
 
 from __future__ import annotations
 
 import time
-from pathlib import Path
+from collections.abc import Callable
 
-__all__ = ["SpareCoreMeter", "read_proc_stat"]
+__all__ = ["SpareCoreMeter", "read_cpu_times"]
 
 #: Readings closer together than this say too little about the other processes.
 _MIN_INTERVAL_S = 1.0
 
 
-def read_proc_stat(path: Path = Path("/proc/stat")) -> tuple[int, int, int] | None:
-    """(busy jiffies, total jiffies, number of cores) summed over the machine's cores, or None if unreadable."""
+def read_cpu_times() -> tuple[float, float, int] | None:
+    """(busy seconds, total seconds, number of cores) summed over the machine's cores (``psutil.cpu_times``:
+    idle and iowait count as idle; guest time is inside user), or None where unknown."""
     try:
-        lines = path.read_text().splitlines()
-    except OSError:
+        import psutil
+
+        times = psutil.cpu_times()
+        cores = psutil.cpu_count() or 1
+    except Exception:  # noqa: BLE001 - psutil missing or refused by the platform: the meter says unknown
         return None
-    if not lines or not lines[0].startswith("cpu "):
-        return None
-    fields = [int(v) for v in lines[0].split()[1:]]
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
-    total = sum(fields[:8])  # user nice system idle iowait irq softirq steal (guest is inside user)
-    cores = sum(1 for line in lines[1:] if line.startswith("cpu") and line[3:4].isdigit())
-    return total - idle, total, max(cores, 1)
+    fields = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+    total = sum(getattr(times, name, 0.0) for name in fields)
+    idle = times.idle + getattr(times, "iowait", 0.0)
+    return total - idle, total, cores
 
 
 class SpareCoreMeter:
     """Cores left idle by every other process since the previous :meth:`spare` call, beyond this process's own
     main thread (so 1.0 means a whole core nobody used)."""
 
-    def __init__(self, stat_path: Path = Path("/proc/stat")):
-        self._path = stat_path
+    def __init__(self, read: Callable[[], tuple[float, float, int] | None] = read_cpu_times):
+        self._read = read
         self._last = self._reading()
 
-    def _reading(self) -> tuple[float, float, tuple[int, int, int]] | None:
-        stat = read_proc_stat(self._path)
+    def _reading(self) -> tuple[float, float, tuple[float, float, int]] | None:
+        stat = self._read()
         return None if stat is None else (time.monotonic(), time.process_time(), stat)
 
     def spare(self) -> float | None:
