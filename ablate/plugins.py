@@ -2,7 +2,7 @@
 
 A distribution declares an entry point in one of :data:`GROUPS` (``ablate.losses``, ``ablate.conditionals``,
 ``ablate.generators``, ``ablate.encoders``); its name is the name a grid uses (``loss: my_loss``) and its object is
-a factory (the signatures are in :mod:`ablate.core.parts` and README's "Add your own loss"). A grid may also name a
+a factory (the signatures are in :mod:`ablate.core.parts` and docs/plugins.md). A grid may also name a
 factory directly as ``"package.module:attr"``. Either way the package must be installed: ablate imports modules by
 name, never from a file path, and a grid that names a plugin runs that package's code.
 

@@ -1,6 +1,6 @@
 """Latent data generating process: marginal and conditionals on the unit hypersphere S^(d-1).
 
-Conventions (DESIGN.md): anchors and plain negatives are uniform on the sphere; a positive is
+Conventions: anchors and plain negatives are uniform on the sphere; a positive is
 ``z+ = (z + eps) / ||z + eps||`` with ``eps ~ N(0, Lambda^-1)`` (density ∝ exp(-1/2 eps^T Lambda eps)),
 redrawn while ``| ||z + eps|| - 1 | >= threshold`` as in the public reference implementation.
 

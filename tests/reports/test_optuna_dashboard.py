@@ -67,7 +67,7 @@ def test_optuna_dashboard_serves_the_search_of_a_smoke_run(ray_session, tmp_path
     run = _run_trials(run_dir)
     port, log = free_port(), tmp_path / "optuna-dashboard.log"
     cmd = [exe, "--host", "127.0.0.1", "--port", str(port), optuna_storage_url(run_dir)]
-    assert cmd[-1] == f"sqlite:///{run_dir / OPTUNA_DB}"  # the command the README gives
+    assert cmd[-1] == f"sqlite:///{run_dir / OPTUNA_DB}"  # the command docs/reports.md gives
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:

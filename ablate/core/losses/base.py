@@ -1,6 +1,6 @@
 """The interface every contrastive loss of ablate implements, and helpers the loss families share.
 
-Batch layout (DESIGN.md): ``h1`` and ``h2`` are the encodings of the two views of ``B`` samples.
+Batch layout: ``h1`` and ``h2`` are the encodings of the two views of ``B`` samples.
 All ``2B`` encodings are anchors; the positive of ``h1[i]`` is ``h2[i]`` and vice versa; the
 negatives of an anchor are the other ``2B - 2`` encodings. The loss is the cross-entropy of picking
 the positive, averaged over the ``2B`` anchors.

@@ -1,6 +1,6 @@
 """InfoNCE: ``s(a, b) = aᵀb / τ`` (Zimmermann et al. 2021), on one of two batch layouts.
 
-- ``symmetric`` (ablate's default, DESIGN.md): all 2B encodings are anchors, each with 2B − 2 negatives.
+- ``symmetric`` (ablate's default): all 2B encodings are anchors, each with 2B − 2 negatives.
 - ``reference``: the layout of the public cl-ica code (``SimCLRLoss`` in ``losses.py``, called from
   ``main_mlp.py`` with ``z3 = roll(z1, 1)``): the B encodings of view 1 are the anchors; the negatives of anchor i
   are all B encodings of view 1 (rolled, which does not change the set), **including anchor i itself**
