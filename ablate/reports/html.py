@@ -2,6 +2,10 @@
 
 It writes ``<div id="ablate-render-status" data-plots data-rendered data-errors>`` once its plots drew, so a
 headless browser (tests/reports/test_browser.py) can check that every figure rendered without a JavaScript error.
+
+Built in Python with ``html.escape`` rather than a Jinja2 template: the page is a list of sections that code
+decides (panels, Optuna views, plotly fragments), and its fixed markup is about 30 lines, so a template would add
+a file without removing the logic.
 """
 
 from __future__ import annotations
