@@ -1,10 +1,12 @@
 """`python -m benchmarks.pack [--quick]`: what packs (ablate.core.pack) buy on this machine, on 1 torch thread.
 
 1. How to batch k encoders (reference widths, forward + backward on 2B rows): stacked weights with one ``baddbmm``
-   per layer (``ablate.core.batched.linear_nt``, the choice) against ``torch.func.stack_module_state`` + ``vmap``,
-   and against k separate encoders one after the other.
-2. Training steps per second of a pack of k (1, 3, 8; AnInfoNCE, members with their own seeds, g, Λ and lrs)
-   against the same k configs trained as k solo ``Experiment``s one after the other (prefetch off: one core).
+   per layer (``ablate.core.batched.linear_nt``, the GPU's path) and with each member's own ``addmm`` calls
+   (``solo_kernels``, the CPU's path), against ``torch.func.stack_module_state`` + ``vmap``, and against k separate
+   encoders one after the other.
+2. Training steps per second of a pack of k (1, 3, 8; AnInfoNCE, members with their own seeds, g, Λ and lrs), with
+   solo kernels (the CPU's default) and batched ones, against the same k configs trained as k solo
+   ``Experiment``s one after the other (prefetch off: one core).
 Times are this thread's CPU time (best of repeats), so that other processes on a shared machine do not count.
    ``member steps/s`` counts every member's step, so the pack's speed-up is its ratio to the solo row.
 """
@@ -53,10 +55,10 @@ def bench_encoders(d: int, batch: int, k: int, repeats: int) -> dict:
     weights = [torch.stack([enc.net[i].weight.detach() for enc in encoders]).requires_grad_() for i in linears]
     biases = [torch.stack([enc.net[i].bias.detach() for enc in encoders]).requires_grad_() for i in linears]
 
-    def batched():
+    def batched(solo_kernels: bool = False):
         h = x
         for i, (w, b) in enumerate(zip(weights, biases)):
-            h = linear_nt(h, w, b)
+            h = linear_nt(h, w, b, solo_kernels=solo_kernels)
             if i < len(weights) - 1:
                 h = torch.nn.functional.leaky_relu(h, 0.01)
         torch.nn.functional.normalize(h, dim=-1).sum().backward()
@@ -77,6 +79,7 @@ def bench_encoders(d: int, batch: int, k: int, repeats: int) -> dict:
         "B": batch,
         "k": k,
         "baddbmm_ms": _best_ms(batched, repeats),
+        "solo_kernels_ms": _best_ms(lambda: batched(True), repeats),
         "vmap_ms": _best_ms(vmapped, repeats),
         "k_separate_ms": _best_ms(separate, repeats),
     }
@@ -104,20 +107,26 @@ def bench_steps(d: int, batch: int, k: int, steps: int, repeats: int) -> list[di
     """Member steps per second: a pack of k against k solo Experiments, each training ``steps`` steps per timed
     call (the best of ``repeats`` calls, CPU time of this thread)."""
     configs = _configs(d, batch, k)
-    pack = PackedExperiment(configs)
-    pack_s = _best_ms(lambda: pack.train(steps), repeats) / 1e3
     solos = [Experiment(c) for c in configs]
     solo_s = sum(_best_ms(lambda e=e: e.train(steps), repeats) for e in solos) / 1e3
+    rows = []
+    for how, solo_kernels in (("pack, solo kernels", True), ("pack, batched", False)):
+        pack = PackedExperiment(configs)
+        pack.solo_kernels = solo_kernels
+        pack_s = _best_ms(lambda p=pack: p.train(steps), repeats) / 1e3
+        rows.append(
+            {
+                "d": d,
+                "B": batch,
+                "k": k,
+                "how": how,
+                "ms_per_step": pack_s / steps * 1e3,
+                "member_steps_per_s": k * steps / pack_s,
+                "speedup": solo_s / pack_s,
+            }
+        )
     return [
-        {
-            "d": d,
-            "B": batch,
-            "k": k,
-            "how": "pack",
-            "ms_per_step": pack_s / steps * 1e3,
-            "member_steps_per_s": k * steps / pack_s,
-            "speedup": solo_s / pack_s,
-        },
+        *rows,
         {
             "d": d,
             "B": batch,

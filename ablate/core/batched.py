@@ -1,15 +1,30 @@
 """Batched pieces of a pack (:mod:`ablate.core.pack`): the linear layers and contrastive losses of k models at once.
 
 Every function takes tensors with a leading member dimension ``k`` and computes, for each member, the same
-operations the solo code (:mod:`ablate.core.encoder`, :mod:`ablate.core.losses`) does, in the same order, so
-that a member's numbers do not depend on the rest of its pack. Two details make that hold to the last bit on
-the CPU (tests/core/test_pack.py checks it end to end):
+operations the solo code (:mod:`ablate.core.encoder`, :mod:`ablate.core.losses`) does, in the same order.
+
+Two kernel paths (:attr:`ablate.core.pack.PackedExperiment.solo_kernels` picks one):
+
+- **solo kernels** (the CPU's default): each member's matrix products are the solo run's own ``mm``/``addmm``
+  calls, on buffers of their own, and its loss is the solo loss function itself (:func:`member_losses`), so a
+  member equals its solo run to the last bit on any x86 CPU. Three things make a batched CPU computation differ,
+  all measured on torch 2.13's MKL: ``bmm`` of k ≥ 2 matrices calls MKL's batched gemm (``cblas_sgemm_batch``),
+  a pack of 1 its plain ``sgemm``; ``sgemm`` itself rounds differently when an operand does not start on the
+  alignment of a fresh tensor (a member's slice of a stacked tensor does not; measured on an AMD EPYC at 16-byte
+  offsets, and AVX-512 kernels would need 64); and ``softplus`` (forward and backward) has a vector and a scalar
+  kernel that differ in the last bit, so which elements fall in the vector loop's tail changes the numbers. The
+  element-wise ops left batched (``leaky_relu``, ``normalize``, Adam's arithmetic) give the same bits on either
+  kernel, and their reductions run row by row in the same order as the solo run's.
+- **batched kernels** (a GPU's): one ``bmm``/``baddbmm`` per layer for the whole pack, and the fused pair loss
+  over k members (:func:`packed_pair_cross_entropy`); equal to the solo run up to float reassociation.
+
+Two details make the batched path's reductions mirror the solo ones:
 
 - autograd's ``bmm`` backward computes the gradient of a transposed right operand ``bᵀ`` as ``aᵀ @ g``, while
   ``mm``/``linear`` compute ``gᵀ @ a`` in the operand's own layout (torch's ``mm_mat2_backward``): another
   summation order. :func:`linear_nt` (``x @ Wᵀ + b``) therefore has its own backward that mirrors linear's;
 - ``F.cross_entropy(..., reduction="mean")`` and a ``reduction="none"`` mean differ in the last bit, so the
-  autograd losses take one ``cross_entropy`` per member on the CPU (cheap: one call on a small matrix).
+  plain batched losses take one ``cross_entropy`` per member on the CPU (cheap: one call on a small matrix).
 
 :func:`packed_pair_cross_entropy` is :func:`ablate.core.losses.pair.pair_cross_entropy` over k members: the
 same blocks of rows, the same fused gradient, one batched matmul per block for the whole pack.
@@ -24,19 +39,29 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 from torch.nn import functional as F
 
+from ablate.core.losses.aninfonce import aninfonce_loss, hard_negative_loss
 from ablate.core.losses.base import use_fused
+from ablate.core.losses.infonce import infonce_loss
 from ablate.core.losses.pair import BLOCK_ELEMENTS, exp_floor, pair_targets
 
-__all__ = ["adam_update_", "linear_nt", "pack_loss", "packed_pair_cross_entropy"]
+__all__ = ["adam_update_", "linear_nt", "member_losses", "pack_loss", "packed_pair_cross_entropy"]
 
 
 class _LinearNT(torch.autograd.Function):
-    """``x @ wᵀ (+ b)`` per member, with linear's backward (``gx = g @ w``, ``gw = gᵀ @ x``, ``gb = Σ_rows g``)."""
+    """``x @ wᵀ (+ b)`` per member, with linear's backward (``gx = g @ w``, ``gw = gᵀ @ x``, ``gb = Σ_rows g``);
+    with ``solo`` each member's products are separate ``addmm``/``mm`` calls on fresh copies of its operands, as
+    ``F.linear`` and its backward make them in a solo run."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
+    def forward(ctx, x: Tensor, w: Tensor, b: Tensor | None, solo: bool) -> Tensor:
+        ctx.has_bias, ctx.solo = b is not None, solo
+        if solo:
+            xs, ws = [m.clone() for m in x], [m.clone() for m in w]
+            ctx.members = xs, ws
+            if b is None:
+                return torch.stack([torch.mm(xi, wi.t()) for xi, wi in zip(xs, ws)])
+            return torch.stack([torch.addmm(bi.clone(), xi, wi.t()) for bi, xi, wi in zip(b, xs, ws)])
         ctx.save_for_backward(x, w)
-        ctx.has_bias = b is not None
         if b is None:
             return torch.bmm(x, w.mT)
         return torch.baddbmm(b.unsqueeze(1), x, w.mT)
@@ -44,20 +69,29 @@ class _LinearNT(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, g: Tensor):
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        if ctx.solo:
+            xs, ws = ctx.members
+            gs = [m.clone() for m in g]
+            gx = torch.stack([torch.mm(gi, wi) for gi, wi in zip(gs, ws)]) if need_x else None
+            gw = torch.stack([torch.mm(gi.t(), xi) for gi, xi in zip(gs, xs)]) if need_w else None
+            gb = torch.stack([gi.sum(0) for gi in gs]) if ctx.has_bias and need_b else None
+            return gx, gw, gb, None
         x, w = ctx.saved_tensors
-        gx = torch.bmm(g, w) if ctx.needs_input_grad[0] else None
-        gw = torch.bmm(g.mT, x) if ctx.needs_input_grad[1] else None
-        gb = g.sum(1) if ctx.has_bias and ctx.needs_input_grad[2] else None
-        return gx, gw, gb
+        gx = torch.bmm(g, w) if need_x else None
+        gw = torch.bmm(g.mT, x) if need_w else None
+        gb = g.sum(1) if ctx.has_bias and need_b else None
+        return gx, gw, gb, None
 
 
-def linear_nt(x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
-    """k linear layers at once: ``x[i] @ w[i]ᵀ + b[i]``, equal per member to ``F.linear(x[i], w[i], b[i])``.
+def linear_nt(x: Tensor, w: Tensor, b: Tensor | None = None, *, solo_kernels: bool = False) -> Tensor:
+    """k linear layers at once: ``x[i] @ w[i]ᵀ + b[i]``, equal per member to ``F.linear(x[i], w[i], b[i])`` (to the
+    last bit with ``solo_kernels``, see the module doc).
 
     Shape:
         x: ``(k, n, in)``; w: ``(k, out, in)``; b: ``(k, out)`` or None; returns ``(k, n, out)``.
     """
-    return _LinearNT.apply(x, w, b)
+    return _LinearNT.apply(x, w, b, bool(solo_kernels))
 
 
 def packed_pair_cross_entropy(h: Tensor, w: Tensor, column_coef: float, *, block_rows: int | None = None) -> Tensor:
@@ -199,6 +233,48 @@ def _reference_layout(h1: Tensor, h2: Tensor, tau: Tensor) -> Tensor:
     b = h1.shape[1]
     logits = torch.cat([linear_nt(h1, h1), (h1 * h2).sum(-1, keepdim=True)], dim=2) / tau[:, None, None]
     return _mean_cross_entropy(logits, torch.full((b,), b, dtype=torch.long, device=h1.device))
+
+
+def member_losses(
+    kind: str,
+    h: Tensor,
+    batch_size: int,
+    *,
+    lam: Sequence[Tensor] | None = None,
+    taus: Sequence[float] | None = None,
+    hard_negatives: bool = False,
+    layout: str = "symmetric",
+    batch_negatives: bool = True,
+) -> Tensor:
+    """Each member's training loss from the solo loss function itself, on a fresh copy of the member's encodings
+    laid out as :meth:`ablate.core.experiment.Experiment.compute_loss` lays out a solo run's (``h1``, ``h2`` and the
+    hard negatives are views of one ``(N, d)`` tensor): the solo kernels (module doc).
+
+    Args:
+        kind: ``"aninfonce"`` (with hard negatives when ``hard_negatives``) or ``"infonce"``.
+        h: ``(k, N, d)`` the members' encodings: ``B`` first views, ``B`` second views, then ``B·M`` hard negatives.
+        batch_size: ``B``.
+        lam: each member's Λ̂ ``(d,)`` (AnInfoNCE).
+        taus: each member's τ (InfoNCE).
+        hard_negatives, layout, batch_negatives: as in :func:`pack_loss`.
+
+    Returns:
+        ``(k,)``.
+    """
+    b, d = batch_size, h.shape[2]
+    out = []
+    for i, member in enumerate(h):
+        solo = member.clone()
+        h1, h2 = solo[:b], solo[b : 2 * b]
+        if kind == "infonce":
+            out.append(infonce_loss(h1, h2, taus[i], layout))
+        elif kind == "aninfonce" and hard_negatives:
+            out.append(hard_negative_loss(h1, h2, solo[2 * b :].view(b, -1, d), lam[i], batch_negatives))
+        elif kind == "aninfonce":
+            out.append(aninfonce_loss(h1, h2, lam[i]))
+        else:
+            raise ValueError(f"member_losses: loss {kind!r} has no packed form; allowed: aninfonce, infonce")
+    return torch.stack(out)
 
 
 def pack_loss(

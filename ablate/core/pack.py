@@ -3,13 +3,15 @@ batched model. Pure torch: no Ray, no files.
 
 Member i of any pack computes what ``Experiment(configs[i])`` computes alone: its own g, its own initialisation
 and its own data stream (each member draws its batches from its own generator, so its numbers do not depend on
-what else is in the pack), the same loss and the same Adam update with its own learning rates. On this CPU that
-holds to the last bit (tests/core/test_pack.py; the batched layers are written to make it so, :mod:`.batched`); on
-other BLAS builds or a GPU only up to float reassociation.
+what else is in the pack), the same loss and the same Adam update with its own learning rates. On the CPU that
+holds to the last bit on any x86 processor: each member's matrix products, Λ̂ and loss are its solo run's own
+kernel calls on buffers of their own (:attr:`PackedExperiment.solo_kernels`; :mod:`.batched` says what differs
+otherwise, tests/core/test_pack.py checks both the bits and the calls). On a GPU, where the pack is batched, only
+up to float reassociation.
 
-How the k models are batched: stacked weights ``(k, out, in)`` and one ``baddbmm`` per layer with a backward that
-mirrors ``F.linear``'s (:func:`~ablate.core.batched.linear_nt`), rather than ``torch.func.stack_module_state`` +
-``vmap``: measured with ``python -m benchmarks.pack``, vmap was slower at every size, its weight gradients differ
+How the k models are batched (on a GPU, or with ``solo_kernels`` off): stacked weights ``(k, out, in)`` and
+one ``baddbmm`` per layer with a backward that mirrors ``F.linear``'s (:func:`~ablate.core.batched.linear_nt`),
+rather than ``torch.func.stack_module_state`` + ``vmap``: measured with ``python -m benchmarks.pack``, vmap was slower at every size, its weight gradients differ
 from a solo run's in the last bits (autograd's bmm backward), and the fused loss (a custom autograd Function)
 would need a vmap rule. On the CPU a pack's gain is the per-operation overhead it saves, large for tiny steps and
 small where the matmuls dominate (docs/performance.md has the numbers).
@@ -32,7 +34,7 @@ from torch import Tensor
 from torch.nn import functional as F
 
 from ablate.config import RunConfig
-from ablate.core.batched import adam_update_, linear_nt, pack_loss
+from ablate.core.batched import adam_update_, linear_nt, member_losses, pack_loss
 from ablate.core.experiment import Experiment, NonFiniteLossError
 from ablate.core.generator import GENERATOR_SLOPE
 from ablate.core.pack_fields import check_packable
@@ -77,6 +79,7 @@ class PackedExperiment(PackState):
         self.failed: dict[int, int] = {}
         self._gather()
         self.prefetch = True
+        self.solo_kernels = self.device.type == "cpu"
 
     # ---------------------------------------------------------------- members
     def freeze(self, i: int) -> None:
@@ -91,6 +94,17 @@ class PackedExperiment(PackState):
             f"loss became non-finite at step {self.failed[i]} (seed {self.configs[i].seed}); "
             "lower the learning rates or check Λ"
         )
+
+    @property
+    def solo_kernels(self) -> bool:
+        """Whether each member's matrix products, Λ̂ and loss run as its solo run's own kernel calls, so that it
+        equals that run to the last bit (:mod:`.batched`); on by default on the CPU. Off, the pack takes the batched
+        path a GPU takes (one ``bmm`` per layer for all members), equal up to float reassociation."""
+        return self._solo_kernels
+
+    @solo_kernels.setter
+    def solo_kernels(self, enabled: bool) -> None:
+        self._solo_kernels = bool(enabled)
 
     @property
     def prefetch(self) -> bool:
@@ -128,6 +142,8 @@ class PackedExperiment(PackState):
             xs.append(torch.cat(chunks))
             states.append(m.data_rng.get_state())
         with torch.no_grad():
+            if self._solo_kernels:  # each member's own g on its own batch, as its solo run draws it
+                return torch.stack([self._members[i].generator(x) for i, x in zip(active, xs)]), states
             x = torch.stack(xs)
             g = self._generator(active)
             for layer, w in enumerate(g):
@@ -136,27 +152,42 @@ class PackedExperiment(PackState):
                     x = F.leaky_relu(x, GENERATOR_SLOPE)
         return x, states
 
-    def _losses(self, x: Tensor, params: list[Tensor], idx: Tensor | None, hard: bool) -> Tensor:
-        """Each computed member's training loss ``(k_active,)`` for the inputs ``x = g(z)``."""
-        cfg = self.configs[0]
+    def _losses(self, x: Tensor, params: list[Tensor], active: list[int] | None, hard: bool) -> Tensor:
+        """Each computed member's training loss ``(k_active,)`` for the inputs ``x = g(z)``; ``active`` lists the
+        members ``params`` hold (None: all)."""
+        cfg, solo = self.configs[0], self._solo_kernels
         n_layers = len(cfg.encoder_widths) + 1
         h = x
         for layer in range(n_layers):
-            h = linear_nt(h, params[2 * layer], params[2 * layer + 1])
+            h = linear_nt(h, params[2 * layer], params[2 * layer + 1], solo_kernels=solo)
             if layer < n_layers - 1:
                 h = F.leaky_relu(h, self._slope)
         if cfg.normalize_output:
             h = F.normalize(h, dim=-1)
+        members = list(range(self.k)) if active is None else active
+        lam = self._softplus(params[-1]) if self._learn_lambda else None
+        if self._fixed_lambda is not None:
+            lam = self._fixed_lambda[members].to(h.dtype)
+        if solo:
+            return member_losses(
+                cfg.loss, h, cfg.batch_size, lam=lam, taus=[self.configs[i].tau for i in members],
+                hard_negatives=hard, layout=cfg.infonce_layout, batch_negatives=cfg.batch_negatives,
+            )  # fmt: skip
+        idx = None if active is None else torch.tensor(active, device=self.device)
         pick = (lambda t: t) if idx is None else (lambda t: t[idx])  # noqa: E731
         b, ka = cfg.batch_size, h.shape[0]
         h_neg = h[:, 2 * b :].reshape(ka, b, cfg.n_hard_negatives, -1) if hard else None
-        lam = F.softplus(params[-1]) if self._learn_lambda else None
-        if self._fixed_lambda is not None:
-            lam = pick(self._fixed_lambda)
         return pack_loss(
             cfg.loss, h[:, :b], h[:, b : 2 * b], h_neg, lam=lam, tau=pick(self._tau), inv_tau=pick(self._inv_tau),
             layout=cfg.infonce_layout, batch_negatives=cfg.batch_negatives,
         )  # fmt: skip
+
+    def _softplus(self, theta: Tensor) -> Tensor:
+        """Λ̂ = softplus(θ) of each member ``(k, d)``: one call per member with solo kernels, as torch's vector and
+        scalar softplus kernels differ in the last bit (:mod:`.batched`)."""
+        if self._solo_kernels:
+            return torch.stack([F.softplus(row) for row in theta])
+        return F.softplus(theta)
 
     def _adam(self, params: list[Tensor], update: list[int], positions: list[int], step: int, factor: float) -> None:
         """Adam's step ``step`` (1-based) for the members ``update`` (at ``positions`` in the computed ``params``),
@@ -184,7 +215,7 @@ class PackedExperiment(PackState):
         loss is non-finite are not updated."""
         idx = None if len(active) == self.k else torch.tensor(active, device=self.device)
         params = self._params if idx is None else [p.detach()[idx].requires_grad_() for p in self._params]
-        losses = self._losses(x, params, idx, self._hard_negatives(step))
+        losses = self._losses(x, params, None if idx is None else active, self._hard_negatives(step))
         losses.sum().backward()
         losses = losses.detach()
         finite = torch.isfinite(losses).tolist()  # one host sync per step: a failing member must not be updated
@@ -247,7 +278,8 @@ class PackedExperiment(PackState):
     def lambda_hat(self) -> Tensor | None:
         """Each member's Λ̂ ``(k, d)`` (learned or fixed), or None for InfoNCE."""
         if self._learn_lambda:
-            return F.softplus(self._params[-1]).detach()
+            with torch.no_grad():
+                return self._softplus(self._params[-1])
         return None if self._fixed_lambda is None else self._fixed_lambda.clone()
 
     def evaluate(self, members: Sequence[int] | None = None) -> list[dict[str, Any]]:

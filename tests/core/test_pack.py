@@ -1,26 +1,33 @@
 """Tests of packs (`ablate.core.pack`): k configs trained as one batched model, each member as if it ran alone.
 
-Tolerances. A pack of 1 must equal the solo Experiment bit for bit (float32). Larger packs are compared in
-float64 within 1e-10: a batched matmul may sum in another order than the solo one (float reassociation; on the
-CPU this was written on MKL's batched gemm sums exactly as its single gemm and the match is exact); one ulp of
-float64 in every initial weight moved the weights by 4e-16 after 20 steps (float32: 5e-6), so 1e-10 keeps six
-orders of margin and still catches any real mix-up of members. Frozen and failed members are compared bit for
-bit: nothing of theirs is computed any more. Small sizes (d = 4, B = 32, narrow encoder) keep the file fast.
+Tolerances. On the CPU a pack runs each member with its solo run's own kernel calls (``solo_kernels``, the
+default there: :mod:`ablate.core.batched`), so every member must equal its solo Experiment bit for bit (float32),
+at the small test shapes and at a laptop grid's; :func:`test_a_member_makes_its_solo_run_s_kernel_calls` checks
+the mechanism itself (the same ``mm``/``addmm``/``softplus`` calls on operands of the same shapes, strides and
+alignment), which does not depend on this machine's CPU. The batched path a GPU takes (``solo_kernels`` off) is
+compared in float64 within 1e-10: a batched matmul may sum in another order than the solo one (float
+reassociation); one ulp of float64 in every initial weight moved the weights by 4e-16 after 20 steps (float32:
+5e-6), so 1e-10 keeps six orders of margin and still catches any real mix-up of members. Frozen and failed
+members are compared bit for bit: nothing of theirs is computed any more. Small sizes (d = 4, B = 32, narrow
+encoder) keep the file fast.
 """
 
 from __future__ import annotations
 
 import io
 import math
+from collections import Counter
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from ablate.config import RunConfig
 from ablate.core.batched import pack_loss
 from ablate.core.experiment import Experiment
 from ablate.core.pack import PackedExperiment, member_state
 from ablate.core.pack_fields import MEMBER_FIELDS, SHAPE_FIELDS, can_pack, pack_groups, pack_signature
+from ablate.service.specs.grids import load_grid
 
 SMALL = {
     "latent_dim": 4,
@@ -170,9 +177,42 @@ def test_pack_of_one_equals_solo_bit_for_bit(variant):
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
-def test_each_member_of_a_pack_matches_its_solo_run(variant):
+def test_each_member_of_a_pack_equals_its_solo_run_bit_for_bit(variant):
+    cfgs = configs(variant)
+    pack = PackedExperiment(cfgs)
+    assert pack.solo_kernels  # the CPU's default
+    rows = [*pack.train(6), *pack.train(6)]
+    evals = pack.evaluate()
+    for i, config in enumerate(cfgs):
+        exp, solo_rows = solo(config, [6, 6])
+        assert_results(rows[i], solo_rows[0])
+        assert_results(rows[3 + i], solo_rows[1])
+        assert_results(evals[i], exp.evaluate())
+        assert_states(pack.member_state_dict(i), exp.state_dict())
+
+
+def test_a_laptop_grid_s_pack_equals_its_solo_runs_bit_for_bit():
+    """The shapes of batch_vs_lambda's laptop scale (d = 20, the fast preset's encoder, batch 64), where a batched
+    CPU step (MKL's batched gemm, slices of stacked tensors, softplus's vector kernel) moved R² by 1e-8 after 30
+    steps on an AMD EPYC and by 1e-5 over a run on an Intel Xeon."""
+    grid = load_grid("batch_vs_lambda", "laptop")
+    group = next(g for g in pack_groups([t.config for t in grid.trials], 4) if len(g) == 4)
+    cfgs = [grid.trials[i].config.model_copy(update={"eval_samples": 512}) for i in group]
+    pack = PackedExperiment(cfgs)
+    rows = pack.train(5)
+    for i, config in enumerate(cfgs):
+        exp, (solo_row,) = solo(config, [5])
+        assert_results(rows[i], solo_row)
+        assert_states(pack.member_state_dict(i), exp.state_dict())
+    assert_results(pack.evaluate([3])[0], exp.evaluate())
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_the_batched_path_matches_each_solo_run(variant):
+    """The GPU's path (one bmm per layer for the whole pack, the batched fused loss), run on the CPU in float64."""
     cfgs = configs(variant, dtype="float64")
     pack = PackedExperiment(cfgs)
+    pack.solo_kernels = False
     rows = pack.train(10)
     evals = pack.evaluate()
     for i, config in enumerate(cfgs):
@@ -180,6 +220,52 @@ def test_each_member_of_a_pack_matches_its_solo_run(variant):
         assert_results(rows[i], solo_row, TOL)
         assert_results(evals[i], exp.evaluate(), 1e-9)
         assert_states(pack.member_state_dict(i), exp.state_dict(), TOL)
+
+
+class _KernelCalls(TorchDispatchMode):
+    """Records each matrix product and softplus call: the op, and per tensor operand its shape, strides and, for a
+    product, its address modulo 64 (MKL's sgemm rounds by the alignment of its operands; torch's element-wise
+    kernels split a tensor into vector and scalar parts by index, not by address)."""
+
+    PRODUCTS = ("mm", "addmm", "bmm", "baddbmm")
+    WATCHED = (*PRODUCTS, "softplus", "softplus_backward")
+
+    def __init__(self):
+        super().__init__()
+        self.calls: Counter = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if name in self.WATCHED:
+            aligned = name in self.PRODUCTS
+            operands = tuple(
+                (tuple(a.shape), a.stride(), a.data_ptr() % 64 if aligned else None)
+                for a in args
+                if isinstance(a, torch.Tensor)
+            )
+            self.calls[(name, operands)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("variant", ["aninfonce", "infonce_reference", "hard_negatives"])
+def test_a_member_makes_its_solo_run_s_kernel_calls(variant):
+    """The mechanism behind bit-equality on any CPU: a pack step makes, for each member, exactly the matrix
+    products and softplus calls of its solo step, on operands of the same shapes, strides and alignment, and no
+    batched matmul (which torch hands to MKL's batched gemm for k ≥ 2)."""
+    cfgs = configs(variant, hard_negatives_from_step=0) if variant == "hard_negatives" else configs(variant)
+    pack = PackedExperiment(cfgs)
+    pack.prefetch = False
+    with _KernelCalls() as packed:
+        pack.train(1)
+    expected: Counter = Counter()
+    for config in cfgs:
+        exp = Experiment(config)
+        exp.prefetch = False
+        with _KernelCalls() as alone:
+            exp.train(1)
+        expected += alone.calls
+    assert not any(name in ("bmm", "baddbmm") for name, _ in packed.calls)
+    assert packed.calls == expected
 
 
 def test_each_member_gets_only_its_own_gradient():

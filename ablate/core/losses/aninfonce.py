@@ -13,7 +13,14 @@ from torch.nn import functional as F
 from ablate.core.losses.base import ContrastiveLoss, check_views, mask_diagonal, use_fused
 from ablate.core.losses.pair import pair_cross_entropy, pair_targets
 
-__all__ = ["AnInfoNCE", "EnsembleAnInfoNCE", "HardNegativeAnInfoNCE", "aninfonce_logits"]
+__all__ = [
+    "AnInfoNCE",
+    "EnsembleAnInfoNCE",
+    "HardNegativeAnInfoNCE",
+    "aninfonce_logits",
+    "aninfonce_loss",
+    "hard_negative_loss",
+]
 
 
 def aninfonce_logits(h: Tensor, lambda_hat: Tensor) -> Tensor:
@@ -38,6 +45,39 @@ def _training_logits_aninfonce(h: Tensor, lambda_hat: Tensor) -> Tensor:
     sq = (hw * h).sum(-1)
     logits = torch.addmm(sq.mul(-0.5).unsqueeze(0), hw, h.T)
     return logits.fill_diagonal_(float("-inf"))
+
+
+def aninfonce_loss(h1: Tensor, h2: Tensor, lambda_hat: Tensor) -> Tensor:
+    """AnInfoNCE of one batch with the metric ``lambda_hat``: all 2B encodings are anchors (see the module doc).
+
+    Shape:
+        h1, h2: ``(B, d)``; lambda_hat: ``(d,)``; returns a scalar.
+    """
+    h = torch.cat([h1, h2])
+    if use_fused(h, lambda_hat):
+        return pair_cross_entropy(h, lambda_hat, 0.5)
+    logits = _training_logits_aninfonce(h, lambda_hat)
+    return F.cross_entropy(logits, pair_targets(h1.shape[0], h1.device))
+
+
+def hard_negative_loss(h1: Tensor, h2: Tensor, h_neg: Tensor, lambda_hat: Tensor, batch_negatives: bool) -> Tensor:
+    """AnInfoNCE with hard negatives (:class:`HardNegativeAnInfoNCE`): anchors ``h1``, each picking ``h2[i]`` among
+    its own hard negatives ``h_neg[i]`` and, with ``batch_negatives``, the other ``2B − 2`` encodings.
+
+    Shape:
+        h1, h2: ``(B, d)``; h_neg: ``(B, M, d)``; lambda_hat: ``(d,)``; returns a scalar.
+    """
+    b = h1.shape[0]
+    pos = -0.5 * ((h1 - h2) ** 2 * lambda_hat).sum(-1, keepdim=True)  # (B, 1)
+    hard = -0.5 * ((h1.unsqueeze(1) - h_neg) ** 2 * lambda_hat).sum(-1)  # (B, M)
+    parts = [pos, hard]
+    if batch_negatives:
+        h = torch.cat([h1, h2])
+        all_logits = aninfonce_logits(h, lambda_hat)[:b]  # rows: anchors h1[i]
+        all_logits = all_logits.scatter(1, (torch.arange(b, device=h1.device) + b)[:, None], float("-inf"))
+        parts.append(all_logits)  # own positive masked (it is column 0 already)
+    logits = torch.cat(parts, dim=1)
+    return F.cross_entropy(logits, torch.zeros(b, dtype=torch.long, device=h1.device))
 
 
 class AnInfoNCE(ContrastiveLoss):
@@ -83,12 +123,7 @@ class AnInfoNCE(ContrastiveLoss):
 
     def forward(self, h1: Tensor, h2: Tensor) -> Tensor:
         check_views(h1, h2)
-        lam = self.lambda_hat.to(h1.dtype)
-        h = torch.cat([h1, h2])
-        if use_fused(h, lam):
-            return pair_cross_entropy(h, lam, 0.5)
-        logits = _training_logits_aninfonce(h, lam)
-        return F.cross_entropy(logits, pair_targets(h1.shape[0], h1.device))
+        return aninfonce_loss(h1, h2, self.lambda_hat.to(h1.dtype))
 
 
 class HardNegativeAnInfoNCE(AnInfoNCE):
@@ -115,17 +150,7 @@ class HardNegativeAnInfoNCE(AnInfoNCE):
         b, d = h1.shape
         if h_neg.ndim != 3 or h_neg.shape[0] != b or h_neg.shape[2] != d:
             raise ValueError(f"h_neg must be (B={b}, M, d={d}), got {tuple(h_neg.shape)}")
-        lam = self.lambda_hat.to(h1.dtype)
-        pos = -0.5 * ((h1 - h2) ** 2 * lam).sum(-1, keepdim=True)  # (B, 1)
-        hard = -0.5 * ((h1.unsqueeze(1) - h_neg) ** 2 * lam).sum(-1)  # (B, M)
-        parts = [pos, hard]
-        if self.batch_negatives:
-            h = torch.cat([h1, h2])
-            all_logits = aninfonce_logits(h, lam)[:b]  # rows: anchors h1[i]
-            all_logits = all_logits.scatter(1, (torch.arange(b, device=h1.device) + b)[:, None], float("-inf"))
-            parts.append(all_logits)  # own positive masked (it is column 0 already)
-        logits = torch.cat(parts, dim=1)
-        return F.cross_entropy(logits, torch.zeros(b, dtype=torch.long, device=h1.device))
+        return hard_negative_loss(h1, h2, h_neg, self.lambda_hat.to(h1.dtype), self.batch_negatives)
 
     def batch_loss(self, pairs: list[tuple[Tensor, Tensor]], negatives: Tensor | None = None) -> Tensor:
         """The loss of one batch with its hard negatives (None: plain AnInfoNCE)."""

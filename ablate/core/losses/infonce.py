@@ -16,7 +16,7 @@ from torch.nn import functional as F
 from ablate.core.losses.base import ContrastiveLoss, check_views, use_fused
 from ablate.core.losses.pair import pair_cross_entropy, pair_targets
 
-__all__ = ["LAYOUTS", "InfoNCE", "reference_layout_loss"]
+__all__ = ["LAYOUTS", "InfoNCE", "infonce_loss", "reference_layout_loss"]
 
 #: Batch layouts of InfoNCE (``RunConfig.infonce_layout``).
 LAYOUTS = ("symmetric", "reference")
@@ -32,6 +32,21 @@ def reference_layout_loss(h1: Tensor, h2: Tensor, tau: float) -> Tensor:
     logits = torch.cat([h1 @ h1.T, (h1 * h2).sum(-1, keepdim=True)], dim=1) / tau
     target = torch.full((h1.shape[0],), h1.shape[0], dtype=torch.long, device=h1.device)
     return F.cross_entropy(logits, target)
+
+
+def infonce_loss(h1: Tensor, h2: Tensor, tau: float, layout: str = "symmetric") -> Tensor:
+    """InfoNCE of one batch with temperature ``tau`` on one of :data:`LAYOUTS`.
+
+    Shape:
+        h1, h2: ``(B, d)``; returns a scalar.
+    """
+    if layout == "reference":
+        return reference_layout_loss(h1, h2, tau)
+    h = torch.cat([h1, h2])
+    if use_fused(h):
+        return pair_cross_entropy(h, h.new_full((h.shape[1],), 1.0 / tau), 0.0)
+    logits = torch.mm(h / tau, h.T).fill_diagonal_(float("-inf"))
+    return F.cross_entropy(logits, pair_targets(h1.shape[0], h1.device))
 
 
 class InfoNCE(ContrastiveLoss):
@@ -52,10 +67,4 @@ class InfoNCE(ContrastiveLoss):
 
     def forward(self, h1: Tensor, h2: Tensor) -> Tensor:
         check_views(h1, h2)
-        if self.layout == "reference":
-            return reference_layout_loss(h1, h2, self.tau)
-        h = torch.cat([h1, h2])
-        if use_fused(h):
-            return pair_cross_entropy(h, h.new_full((h.shape[1],), 1.0 / self.tau), 0.0)
-        logits = torch.mm(h / self.tau, h.T).fill_diagonal_(float("-inf"))
-        return F.cross_entropy(logits, pair_targets(h1.shape[0], h1.device))
+        return infonce_loss(h1, h2, self.tau, self.layout)
