@@ -13,6 +13,7 @@ d = 10, batch 1000, Adam with lr 1e-4 (encoder) and 1e-3 (Λ̂), rejection thres
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -113,9 +114,9 @@ def resolve_concentration(spec: ConcentrationSpec, d: int, field: str = "concent
             )
     else:
         raise ConfigError(f"{field}: expected a number, a list of {d} numbers or a pattern, got {quote(spec)}")
-    bad = [v for v in values if not v > 0]
+    bad = [v for v in values if not (v > 0 and math.isfinite(v))]
     if bad:
-        raise ConfigError(f"{field}: Λ must be > 0 in every dimension, got {bad[0]:g}")
+        raise ConfigError(f"{field}: Λ must be a finite number > 0 in every dimension, got {bad[0]:g}")
     return values
 
 
@@ -136,7 +137,7 @@ class RunConfig(BaseModel):
     the same object for the CLI, the Trainable, the exported columns and the report.
     """
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
     # --- randomness
     seed: int = Field(default=0, description="seed for encoder init, Λ̂ init, training data and evaluation")

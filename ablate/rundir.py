@@ -43,6 +43,7 @@ from ablate.files import (  # re-exported: the run directory's writes
     sweep_stale_temps,
     write_text,
 )
+from ablate.messages import quote
 from ablate.pidlock import lock_holder
 from ablate.trial_log import intact_rows, trial_status
 
@@ -125,13 +126,27 @@ class RunError(RuntimeError):
     """A run cannot start, resume or be read; the message says why and what to do."""
 
 
+#: The longest folder name most file systems take (NAME_MAX, in bytes of UTF-8).
+NAME_MAX_BYTES = 255
+
+
 def check_run_name(name: str) -> str:
-    """``name`` if it is one folder name (no ``/`` or ``\\``, not empty, ``.`` or ``..``), else :class:`RunError`:
-    a run lives directly in its storage, never outside it."""
-    if not name or name in (".", "..") or any(c in name for c in "/\\\0"):
+    """``name`` if it is one folder name (no ``/`` or ``\\``, not empty, ``.`` or ``..``, no control characters such
+    as a newline, at most :data:`NAME_MAX_BYTES` bytes), else :class:`RunError`: a run lives directly in its
+    storage, never outside it, and its name prints on one line."""
+    size = len(name.encode("utf-8", "surrogatepass"))
+    if (
+        not name
+        or name in (".", "..")
+        or any(c in name for c in "/\\")
+        or any(ord(c) < 32 or ord(c) == 127 for c in name)
+        or size > NAME_MAX_BYTES
+    ):
+        shown = quote(name)
         raise RunError(
-            f"run name {name!r}: a run name is one folder name inside --storage (not empty, '.' or '..', "
-            "no '/' or '\\'); choose another --name"
+            f"run name {shown} ({size} bytes): a run name is one folder name inside --storage (not empty, '.' or "
+            f"'..', no '/', '\\' or control characters such as a newline, at most {NAME_MAX_BYTES} bytes); "
+            "choose another --name"
         )
     return name
 

@@ -1,4 +1,5 @@
-"""YAML read safely: PyYAML's SafeLoader, refusing an alias bomb or a document nested too deep before it is built.
+"""YAML read safely: PyYAML's SafeLoader, refusing an alias bomb, a document nested too deep or a key written twice in
+one mapping before it is built.
 
 Every grid, preset, dashboard spec and ``--set`` value is read through :func:`yaml_loader`; a refusal is a
 :class:`YamlRefused` that the caller turns into one error line naming the file.
@@ -29,6 +30,23 @@ def yaml_refusal(exc: BaseException) -> str:
     """What to say about YAML that :func:`yaml_loader` refused (a YamlRefused, or the RecursionError of nesting
     too deep for PyYAML's composer, which recurses)."""
     return str(exc) if isinstance(exc, YamlRefused) else f"lists and mappings nest deeper than {DEPTH_LIMIT} levels"
+
+
+def _check_unique_keys(node: Any) -> None:
+    """Raise :class:`YamlRefused` if the mapping ``node`` names a key twice (PyYAML would keep the last one
+    silently: a second ``seeds:`` or ``stop:`` would replace the first without a word)."""
+    import yaml
+
+    if not isinstance(node, yaml.MappingNode):
+        return
+    seen: dict[str, int] = {}
+    for key, _ in node.value:
+        if not isinstance(key, yaml.ScalarNode) or key.tag == "tag:yaml.org,2002:merge":
+            continue
+        line = key.start_mark.line + 1
+        if key.value in seen:
+            raise YamlRefused(f"the key {key.value!r} appears twice, at lines {seen[key.value]} and {line}; keep one")
+        seen[key.value] = line
 
 
 def _check_expansion(root: Any) -> None:
@@ -70,6 +88,7 @@ def _check_expansion(root: Any) -> None:
             raise YamlRefused(f"the value anchored at line {line} holds an alias (*name) of itself")
         open_.add(key)
         written += own(node)
+        _check_unique_keys(node)
         stack.append((node, True))
         stack += [(c, False) for c in children(node)]
     if size[id(root)] - written > ALIAS_LIMIT:
@@ -82,8 +101,8 @@ def _check_expansion(root: Any) -> None:
 def yaml_loader() -> type:
     """PyYAML's SafeLoader, but reading exponent floats without a dot (``1e-3``, YAML 1.2) as numbers, and
     refusing (:class:`YamlRefused`) a document whose aliases would expand it past :data:`ALIAS_LIMIT`, that
-    holds an alias of a value inside that value, or that nests deeper than :data:`DEPTH_LIMIT`, before it is
-    built."""
+    holds an alias of a value inside that value, that nests deeper than :data:`DEPTH_LIMIT`, or that names a key
+    twice in one mapping, before it is built."""
     import re
 
     import yaml

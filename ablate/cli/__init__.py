@@ -77,6 +77,17 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+#: The most characters of a grid's description that `ablate show` prints (the file holds all of it).
+SHOWN_DESCRIPTION = 2000
+
+
+def _shortened(text: str) -> str:
+    """``text``, cut to :data:`SHOWN_DESCRIPTION` characters with a note of how long it is."""
+    if len(text) <= SHOWN_DESCRIPTION:
+        return text
+    return f"{text[:SHOWN_DESCRIPTION]}… ({len(text):,} characters in all; the grid file holds the rest)"
+
+
 def cmd_show(args: argparse.Namespace) -> int:
     from ablate.service.specs.grids import load_grid
 
@@ -84,7 +95,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     trials = grid.trials  # expanded once: a 10 000-point grid takes a second per expansion
     print(f"grid: {grid.name}  (scale {grid.scale}, file {grid.path})")
     print(f"figure: {grid.figure}")
-    print(f"description: {grid.description.strip()}")
+    print(f"description: {_shortened(grid.description.strip())}")
     print(f"search: {grid.search}; trials: {grid.n_trials}; cost: {grid.cost_steps(trials):,} trial-samples")
     if grid.scale_preset:
         print(f"preset: {grid.scale_preset} (the {grid.scale} scale starts from it; its own base and stop win)")

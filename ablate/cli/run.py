@@ -36,6 +36,15 @@ def _grid_names(args: argparse.Namespace) -> list[str]:
     return [args.grid] if isinstance(args.grid, str) else list(args.grid)
 
 
+def _grid_argument(grid: str) -> str:
+    """A grid as a resume command names it: a grid file by its absolute path (the command works from any folder),
+    a shipped or plugin grid by its name."""
+    path = Path(grid).expanduser()
+    if path.suffix in (".yaml", ".yml") or "/" in grid or path.is_file():
+        return str(path.resolve())
+    return grid
+
+
 def resume_command(args: argparse.Namespace, run_dir: str | None = None, grids: list[str] | None = None) -> str:
     """The `ablate run … --resume` command that continues the run ``args`` started: its options as
     :func:`ablate.service.execution.options.resume_words` spells them, storage and name spelled out, so it works
@@ -44,7 +53,7 @@ def resume_command(args: argparse.Namespace, run_dir: str | None = None, grids: 
     ``grids`` (default: every grid of ``args``) are the grids still to run; with several, each keeps its
     default name, and ``--resume`` continues those that started and starts the others.
     """
-    names = grids if grids is not None else _grid_names(args)
+    names = [_grid_argument(g) for g in (grids if grids is not None else _grid_names(args))]
     storage, name = str(Path(args.storage).expanduser().resolve()), args.name
     if run_dir is not None and len(names) == 1:
         storage, name = str(run_dir).rstrip("/").rsplit("/", 1)

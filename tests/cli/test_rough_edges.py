@@ -313,3 +313,33 @@ def test_show_describes_a_few_generators_and_counts_the_rest(tmp_path, capsys):
     described = [line for line in out.splitlines() if line.startswith("  d=")]
     assert len(described) == cli.SHOWN_GENERATORS, out
     assert f"… and {2 * 8 - cli.SHOWN_GENERATORS} more distinct g" in out, out
+
+
+def test_the_resume_command_names_a_grid_file_by_its_absolute_path(tmp_path, monkeypatch):
+    """Printed from one folder, the command must work from any other."""
+    from ablate.cli import build_parser
+    from ablate.cli.run import resume_command
+
+    (tmp_path / "mine.yaml").write_text("name: mine\n")
+    monkeypatch.chdir(tmp_path)
+    args = build_parser().parse_args(["run", "mine.yaml", "--scale", "smoke", "--storage", "runs"])
+    command = resume_command(args)
+    assert command.startswith(f"ablate run {tmp_path / 'mine.yaml'} --scale smoke "), command
+    assert f"--storage {tmp_path / 'runs'}" in command and command.endswith(" --resume"), command
+    shipped = build_parser().parse_args(["run", "batch_vs_dim", "--scale", "smoke", "--storage", "runs"])
+    assert resume_command(shipped).startswith("ablate run batch_vs_dim --scale smoke")
+
+
+def test_show_prints_a_long_description_cut_to_one_readable_line(tmp_path, capsys):
+    from ablate import cli
+    from ablate.cli import SHOWN_DESCRIPTION
+
+    grid = tmp_path / "long.yaml"
+    grid.write_text(
+        "name: long\ndescription: " + "x" * 2_000_000 + "\nbase: {loss: aninfonce, latent_dim: 2}\n"
+        "axes: {batch_size: [16]}\nseeds: [0]\nstop: {max_steps: 10}\nscales: {smoke: {}, laptop: {}, paper: {}}\n"
+    )
+    assert cli.main(["show", str(grid), "--scale", "smoke"]) == 0
+    (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("description: ")]
+    assert line.endswith("… (2,000,000 characters in all; the grid file holds the rest)")
+    assert len(line) < SHOWN_DESCRIPTION + 100

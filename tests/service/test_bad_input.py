@@ -71,15 +71,23 @@ def test_a_binary_dashboard_spec_is_one_line(run_dir, tmp_path):
 
 
 # ----------------------------------------------------------------------------------------- run names
-@pytest.mark.parametrize("name", ["../../escape", "ABSOLUTE", "..", "a/b"])
-def test_a_run_name_is_one_folder_inside_the_storage(tmp_path, name):
+@pytest.mark.parametrize("name", ["../../escape", "ABSOLUTE", "..", "a/b", "x" * 256, "a\nb", "tab\there"])
+def test_a_run_name_is_one_folder_inside_the_storage(tmp_path, name, capsys):
+    """In-process: the refusal comes before Ray, so the CLI need not be a subprocess to show it."""
+    from ablate import cli
+    from ablate.messages import quote
+
     storage = tmp_path / "deep" / "storage"
     if name == "ABSOLUTE":
         name = str(tmp_path / "elsewhere")
-    line = _refused(_cli("run", "batch_vs_dim", "--scale", "smoke", "--storage", str(storage), "--name", name))
+    code = cli.main(["run", "batch_vs_dim", "--scale", "smoke", "--storage", str(storage), "--name", name])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err, err
+    (line,) = [x for x in err.splitlines() if x.strip()]
     assert line == (
-        f"ablate: error: run name {name!r}: a run name is one folder name inside --storage (not empty, '.' or "
-        "'..', no '/' or '\\'); choose another --name"
+        f"ablate: error: run name {quote(name)} ({len(name.encode())} bytes): a run name is one folder name inside "
+        "--storage (not empty, '.' or '..', no '/', '\\' or control characters such as a newline, at most 255 "
+        "bytes); choose another --name"
     ), line
     assert sorted(p.name for p in tmp_path.iterdir()) == [], "something was written outside --storage"
 
@@ -217,3 +225,68 @@ def test_the_marker_records_every_point_as_its_params_json(run_dir):
     assert len(points) == 4 and reader.disagreeing() == []
     for trial_id, params in points.items():
         assert json.loads((run_dir / f"trial_{trial_id}" / "params.json").read_text()) == params
+
+
+# ----------------------------------------------------------------------------------------- YAML keys and numbers
+_GRID = """name: dup
+description: a grid written by a test
+base:
+  loss: aninfonce
+  latent_dim: 2
+{base}axes:
+  batch_size: [16]
+seeds: [0]
+stop:
+  max_steps: 10
+scales:
+  smoke: {{}}
+  laptop: {{}}
+  paper: {{}}
+{tail}"""
+
+
+def _refusal_in_process(capsys, *argv: str) -> str:
+    from ablate import cli
+
+    code = cli.main(list(argv))
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err, err
+    (line,) = [x for x in err.splitlines() if x.strip()]
+    return line
+
+
+@pytest.mark.parametrize(
+    ("base", "tail", "key", "lines"),
+    [
+        ("", "seeds: [1, 2]\n", "seeds", (8, 15)),
+        ("", "stop:\n  max_steps: 20\n", "stop", (9, 15)),
+        ("  concentration: 5\n  concentration: 25\n", "", "concentration", (6, 7)),
+    ],
+)
+def test_a_key_written_twice_is_refused_naming_it_and_both_lines(tmp_path, capsys, base, tail, key, lines):
+    grid = tmp_path / "dup.yaml"
+    grid.write_text(_GRID.format(base=base, tail=tail))
+    line = _refusal_in_process(capsys, "run", str(grid), "--scale", "smoke", "--storage", str(tmp_path / "runs"))
+    assert line == (
+        f"ablate: error: {grid}: refused: the key {key!r} appears twice, at lines {lines[0]} and {lines[1]}; keep one"
+    )
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize(
+    ("base", "setting", "expected"),
+    [
+        ("  lr: .inf\n", (), "lr: Input should be a finite number"),
+        ("  lr: 1e400\n", (), "lr: Input should be a finite number"),
+        ("  tau: .inf\n", (), "tau: Input should be a finite number"),
+        ("", ("--set", "lr=inf"), "lr: Input should be a finite number"),
+        ("", ("--set", "concentration=5/1e400"), "Λ must be a finite number > 0 in every dimension, got inf"),
+    ],
+)
+def test_a_number_that_is_not_finite_is_refused_before_ray(tmp_path, capsys, base, setting, expected):
+    grid = tmp_path / "inf.yaml"
+    grid.write_text(_GRID.format(base=base, tail=""))
+    argv = ["run", str(grid), "--scale", "smoke", "--storage", str(tmp_path / "runs"), *setting]
+    line = _refusal_in_process(capsys, *argv)
+    assert line.startswith(f"ablate: error: {grid}: ") and expected in line, line
+    assert not (tmp_path / "runs").exists()
