@@ -166,22 +166,38 @@ class _PackedPairCrossEntropy(torch.autograd.Function):
 
 @torch.no_grad()
 def adam_update_(
-    p: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, lrs: Sequence[float], step: int, betas, eps: float
+    p: Tensor,
+    grad: Tensor,
+    exp_avg: Tensor,
+    exp_avg_sq: Tensor,
+    lrs: Tensor,
+    groups: Sequence[tuple[int, int]],
+    step: int,
+    factor: float,
+    betas: tuple[float, float],
+    eps: float,
 ) -> None:
-    """torch.optim.Adam's single-tensor step (no weight decay, no amsgrad) on k members' stacked tensors, in place,
-    with member i's learning rate ``lrs[i]``; ``step`` is the step being taken (1-based, one for all members).
+    """torch.optim.Adam's single-tensor step (no weight decay, no amsgrad) on the flat ``(rows, P)`` buffers of
+    several members at once, in place. Column group ``g`` (the columns ``groups[g]``, e.g. the encoder's weights,
+    then Λ̂'s θ) of row ``i`` takes the learning rate ``lrs[i, g] · factor``; ``step`` is the step being taken
+    (1-based, one for all rows).
 
-    The step size ``lr / (1 − β₁ᵗ)`` is computed in Python floats and rounded once, as Adam does, and
-    ``p + (−step_size · m) / denom`` is the order of the CPU's ``addcdiv_``, so a pack of 1 takes Adam's steps
-    exactly. Shape: every tensor ``(k, …)``; ``len(lrs) == k``."""
+    ``lrs`` is a float64 device tensor built once: the step size ``lr · factor / (1 − β₁ᵗ)`` is computed in float64
+    and rounded once, as Adam computes it in Python floats, with no host-to-device copy; and ``p + (−step_size · m)
+    / denom`` is the order of the CPU's ``addcdiv_``, so each row takes Adam's steps exactly.
+
+    Shape:
+        p, grad, exp_avg, exp_avg_sq: ``(rows, P)``; lrs: ``(rows, len(groups))``.
+    """
     beta1, beta2 = betas
     bc1 = 1 - beta1 ** float(step)
     bc2_sqrt = (1 - beta2 ** float(step)) ** 0.5
-    neg = torch.tensor([-(lr / bc1) for lr in lrs], dtype=p.dtype, device=p.device)
+    neg = lrs.mul(factor).div_(bc1).neg_().to(p.dtype)
     exp_avg.lerp_(grad, 1 - beta1)
     exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
     denom = (exp_avg_sq.sqrt() / bc2_sqrt).add_(eps)
-    p.add_(exp_avg.mul(neg.view((-1,) + (1,) * (p.ndim - 1))).div_(denom))
+    for g, (start, stop) in enumerate(groups):
+        p[:, start:stop].add_(exp_avg[:, start:stop].mul(neg[:, g : g + 1]).div_(denom[:, start:stop]))
 
 
 def _mean_cross_entropy(logits: Tensor, target: Tensor) -> Tensor:

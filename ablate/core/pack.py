@@ -16,8 +16,10 @@ from a solo run's in the last bits (autograd's bmm backward), and the fused loss
 would need a vmap rule. On the CPU a pack's gain is the per-operation overhead it saves, large for tiny steps and
 small where the matmuls dominate (docs/performance.md has the numbers).
 
-Per-member state: the learning rates enter Adam as a ``(k, 1, …)`` tensor in the update of the stacked tensors,
-with torch.optim.Adam's single-tensor arithmetic otherwise (so a pack of 1 takes Adam's steps exactly); a member
+Per-member state: the weights, their gradients and Adam's moments live in flat ``(k, P)`` buffers
+(:class:`~.pack_state.PackState`), so Adam updates every tensor of every member with one set of element-wise
+operations; the learning rates are a float64 device tensor built once, scaled by the schedule on the device, with
+torch.optim.Adam's single-tensor arithmetic otherwise (so each member takes Adam's steps exactly); a member
 that is frozen (:meth:`PackedExperiment.freeze`) or failed (non-finite loss) leaves the batched computation,
 and its weights, Λ̂, Adam moments, step and data generator stay exactly as they were. Deciding which members
 Adam updates takes one host sync per step (the k losses' finiteness): free on the CPU; on a GPU it costs the
@@ -38,7 +40,7 @@ from ablate.core.batched import adam_update_, linear_nt, member_losses, pack_los
 from ablate.core.experiment import Experiment, NonFiniteLossError
 from ablate.core.generator import GENERATOR_SLOPE
 from ablate.core.pack_fields import check_packable
-from ablate.core.pack_state import PackState
+from ablate.core.pack_state import PackState, backward_into_flat
 from ablate.core.prefetch import Prefetcher
 
 __all__ = ["PackedExperiment", "member_state"]
@@ -78,6 +80,11 @@ class PackedExperiment(PackState):
         self.frozen: set[int] = set()
         self.failed: dict[int, int] = {}
         self._gather()
+        encoder_columns = self._spans[-1][0] if self._learn_lambda else self._spans[-1][1]
+        self._groups = [(0, encoder_columns)] + ([(encoder_columns, self._spans[-1][1])] if self._learn_lambda else [])
+        self._lrs = torch.tensor(
+            [[c.lr, c.lr_lambda][: len(self._groups)] for c in configs], dtype=torch.float64, device=self.device
+        )  # each member's learning rate per column group, built once on the device
         self.prefetch = True
         self.solo_kernels = self.device.type == "cpu"
 
@@ -189,47 +196,47 @@ class PackedExperiment(PackState):
             return torch.stack([F.softplus(row) for row in theta])
         return F.softplus(theta)
 
-    def _adam(self, params: list[Tensor], update: list[int], positions: list[int], step: int, factor: float) -> None:
-        """Adam's step ``step`` (1-based) for the members ``update`` (at ``positions`` in the computed ``params``),
-        each with its own learning rates times the schedule's ``factor``."""
-        full = len(update) == self.k and params is self._params
-        idx = None if full else torch.tensor(update, device=self.device)
-        pos = None if full else torch.tensor(positions, device=self.device)
-        betas = (self._beta1, self._beta2)
+    def _adam(self, grad: Tensor, computed: list[int], update: list[int], step: int, factor: float) -> None:
+        """Adam's step ``step`` (1-based) for the members ``update``, whose gradients are rows of ``grad`` (one row
+        per member in ``computed``), each with its own learning rates times the schedule's ``factor``."""
+        flat, betas = self._flat, (self._beta1, self._beta2)
+        if len(update) == self.k:  # every member, in place on the pack's own buffers
+            adam_update_(
+                flat["params"], grad, flat["exp_avg"], flat["exp_avg_sq"], self._lrs, self._groups, step, factor,
+                betas, self._eps,
+            )  # fmt: skip
+            return
+        idx = torch.tensor(update, device=self.device)
+        rows = torch.tensor([computed.index(i) for i in update], device=self.device)
+        p, m, v = flat["params"][idx], flat["exp_avg"][idx], flat["exp_avg_sq"][idx]
+        adam_update_(p, grad[rows], m, v, self._lrs[idx], self._groups, step, factor, betas, self._eps)
         with torch.no_grad():
-            for j, (stacked, computed) in enumerate(zip(self._params, params)):
-                is_lambda = self._learn_lambda and j == len(self._params) - 1
-                lrs = [(self.configs[i].lr_lambda if is_lambda else self.configs[i].lr) * factor for i in update]
-                m, v = self._exp_avg[j], self._exp_avg_sq[j]
-                if full:
-                    adam_update_(stacked, computed.grad, m, v, lrs, step, betas, self._eps)
-                    continue
-                p, m_sel, v_sel = stacked[idx], m[idx], v[idx]
-                adam_update_(p, computed.grad[pos], m_sel, v_sel, lrs, step, betas, self._eps)
-                stacked.index_copy_(0, idx, p)
-                m.index_copy_(0, idx, m_sel)
-                v.index_copy_(0, idx, v_sel)
+            for key, rows_now in (("params", p), ("exp_avg", m), ("exp_avg_sq", v)):
+                flat[key].index_copy_(0, idx, rows_now)
 
     def _train_step(self, active: list[int], x: Tensor, step: int) -> Tensor:
         """One optimisation step of the ``active`` members (all at ``step``); returns their losses. Members whose
         loss is non-finite are not updated."""
-        idx = None if len(active) == self.k else torch.tensor(active, device=self.device)
-        params = self._params if idx is None else [p.detach()[idx].requires_grad_() for p in self._params]
-        losses = self._losses(x, params, None if idx is None else active, self._hard_negatives(step))
-        losses.sum().backward()
+        if len(active) == self.k:
+            params, grad = self._params, self._flat["grad"]
+            grad.zero_()
+        else:  # the training members' rows, copied out: the others' weights are not even read
+            idx = torch.tensor(active, device=self.device)
+            sub = self._flat["params"][idx]
+            grad = torch.zeros_like(sub)
+            params = self._leaves(sub, grad)
+        losses = self._losses(x, params, None if len(active) == self.k else active, self._hard_negatives(step))
+        backward_into_flat(losses.sum())
         losses = losses.detach()
         finite = torch.isfinite(losses).tolist()  # one host sync per step: a failing member must not be updated
-        positions = [j for j, ok in enumerate(finite) if ok]
-        if positions:
-            update = [active[j] for j in positions]
-            self._adam(params, update, positions, step + 1, self._members[active[0]]._lr_factor(step))
-        for p in self._params:
-            p.grad = None
-        for j, ok in enumerate(finite):
+        update = [i for i, ok in zip(active, finite) if ok]
+        if update:
+            self._adam(grad, active, update, step + 1, self._members[active[0]]._lr_factor(step))
+        for i, ok in zip(active, finite):
             if ok:
-                self._members[active[j]].step += 1
+                self._members[i].step += 1
             else:
-                self.failed[active[j]] = step + 1
+                self.failed[i] = step + 1
         return losses
 
     def train(self, n_steps: int) -> list[dict[str, Any]]:
@@ -245,10 +252,11 @@ class PackedExperiment(PackState):
             step = self._members[active[0]].step
             before = [self._members[i].data_rng.get_state() for i in active]
             keys = range(step, step + n_steps - done)
+            columns = torch.tensor(active, device=self.device)  # once per set of training members, not per step
             with Prefetcher(lambda s, a=active: self._draw(a, s), keys, enabled=self._prefetch) as batches:
                 for x, states in batches:
                     row = self._train_step(active, x, step)
-                    losses[done, torch.tensor(active, device=self.device)] = row
+                    losses[done, columns] = row
                     done, step = done + 1, step + 1
                     for i in active:
                         counts[i] += i not in self.failed

@@ -8,6 +8,7 @@ solo run writes. The pack copies a member's slices into it only when they are as
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -16,10 +17,21 @@ from torch import Tensor
 from ablate.config import RunConfig
 from ablate.core.experiment import Experiment
 
-__all__ = ["PACK_FORMAT", "PackState"]
+__all__ = ["PACK_FORMAT", "PackState", "backward_into_flat"]
 
 #: Version of :meth:`PackState.state_dict`'s layout.
 PACK_FORMAT = 1
+
+#: What torch says, once, of a ``.grad`` strided like a member's row of a flat buffer (by P, not by its own size):
+#: that it "may impair performance". It accumulates into it in place all the same, which is the point.
+LAYOUT_NOTE = "grad and param do not obey the gradient layout contract"
+
+
+def backward_into_flat(loss: Tensor) -> None:
+    """``loss.backward()`` into the flat gradient buffer, without torch's note on its layout (:data:`LAYOUT_NOTE`)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=LAYOUT_NOTE)
+        loss.backward()
 
 
 class PackState:
@@ -27,8 +39,11 @@ class PackState:
 
     Attributes (set by the subclass): ``configs``, ``k``, ``_members`` (one Experiment per member),
     ``_learn_lambda``, ``_names`` (the stacked tensors' names: the encoder's parameters, then ``theta``),
-    ``frozen`` and ``failed``; this class keeps ``_params``, ``_exp_avg`` and ``_exp_avg_sq`` (lists of
-    ``(k, …)`` tensors in ``_names``' order).
+    ``frozen`` and ``failed``. This class keeps the weights, their gradients and Adam's two moments in four flat
+    ``(k, P)`` buffers (``_flat``: one row per member, every tensor of a member side by side), and per buffer a
+    list of ``(k, …)`` views in ``_names``' order: ``_params`` (leaves whose ``.grad`` is the matching view of the
+    flat gradient, so backward accumulates into it), ``_exp_avg`` and ``_exp_avg_sq``. Adam then updates a
+    member's every tensor with one set of element-wise operations on its row.
     """
 
     configs: list[RunConfig]
@@ -38,6 +53,8 @@ class PackState:
     _members: list[Experiment]
     _learn_lambda: bool
     _names: list[str]
+    _flat: dict[str, Tensor]
+    _spans: list[tuple[int, int, torch.Size]]
     _params: list[Tensor]
     _exp_avg: list[Tensor]
     _exp_avg_sq: list[Tensor]
@@ -56,16 +73,42 @@ class PackState:
         m = self._members[i]
         return [*m.encoder.parameters(), *([m.loss.theta] if self._learn_lambda else [])]
 
+    def _views(self, flat: Tensor) -> list[Tensor]:
+        """The per-tensor ``(rows, …)`` views of a flat ``(rows, P)`` buffer, in ``_names``' order."""
+        return [flat[:, start:stop].view(flat.shape[0], *shape) for start, stop, shape in self._spans]
+
+    def _leaves(self, flat: Tensor, grad: Tensor) -> list[Tensor]:
+        """Views of ``flat`` as leaves that require a gradient, each with its view of ``grad`` as ``.grad``."""
+        leaves = []
+        for view, grad_view in zip(self._views(flat), self._views(grad)):
+            view.requires_grad_()
+            view.grad = grad_view
+            leaves.append(view)
+        return leaves
+
     def _gather(self) -> None:
-        """Stack the members' parameters and Adam moments (from their Experiment objects) into the pack's."""
+        """Copy the members' parameters and Adam moments (from their Experiment objects) into the flat buffers."""
+        per_member = [self._member_params(i) for i in range(self.k)]
+        first = per_member[0]
+        sizes = [p.numel() for p in first]
+        starts = [sum(sizes[:j]) for j in range(len(sizes))]
+        self._spans = [(a, a + n, p.shape) for a, n, p in zip(starts, sizes, first)]
+        total = sum(sizes)
+        like = first[0]
+        self._flat = {
+            key: torch.zeros(self.k, total, dtype=like.dtype, device=like.device)
+            for key in ("params", "grad", "exp_avg", "exp_avg_sq")
+        }
         with torch.no_grad():
-            per_member = [self._member_params(i) for i in range(self.k)]
-            self._params = [torch.stack([ps[j] for ps in per_member]).requires_grad_() for j in range(len(self._names))]
-            self._exp_avg, self._exp_avg_sq = [], []
-            for j, p in enumerate(self._params):
-                for key, out in (("exp_avg", self._exp_avg), ("exp_avg_sq", self._exp_avg_sq)):
-                    states = [self._members[i].optimizer.state.get(per_member[i][j], {}) for i in range(self.k)]
-                    out.append(torch.stack([s[key] if key in s else torch.zeros_like(p[0]) for s in states]))
+            for i, params in enumerate(per_member):
+                state = self._members[i].optimizer.state
+                for (start, stop, _), p in zip(self._spans, params):
+                    self._flat["params"][i, start:stop] = p.reshape(-1)
+                    for key in ("exp_avg", "exp_avg_sq"):
+                        if key in state.get(p, {}):
+                            self._flat[key][i, start:stop] = state[p][key].reshape(-1)
+        self._params = self._leaves(self._flat["params"], self._flat["grad"])
+        self._exp_avg, self._exp_avg_sq = self._views(self._flat["exp_avg"]), self._views(self._flat["exp_avg_sq"])
         self._check_steps()
 
     def _check_steps(self) -> None:

@@ -404,3 +404,17 @@ def test_plain_loss_path_equals_the_solo_loss(variant):
             if lam is not None:
                 solo_loss.theta.copy_(pack._params[-1][i])
             assert float(packed[i]) == pytest.approx(float(solo_loss(h[i, :b], h[i, b:])), rel=1e-6)
+
+
+def test_a_batched_step_builds_no_tensor_from_python_data():
+    """On a GPU a tensor built from Python values is a host-to-device copy: the learning rates are a device tensor
+    built once and scaled on the device, and the training members' index is built once per train call, so the
+    steps themselves build none (benchmarks/step_ops.py counts every host sync of a step)."""
+    from benchmarks.step_ops import HostSyncs
+
+    pack = PackedExperiment(configs("aninfonce"))
+    pack.solo_kernels, pack.prefetch = False, False
+    pack.train(1)
+    with HostSyncs() as syncs:
+        pack.train(5)
+    assert syncs.calls["tensor"] + syncs.calls["as_tensor"] == 1, syncs.calls
