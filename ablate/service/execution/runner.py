@@ -38,7 +38,7 @@ from ablate.service.execution.memory import check_memory
 from ablate.service.execution.options import RunOptions, build_options
 from ablate.service.execution.packs import resolve_pack
 from ablate.service.execution.probes import grid_plugins, probe_acceptance, probe_plugins
-from ablate.service.execution.search import save_best, tune_config
+from ablate.service.execution.search import check_study, save_best, tune_config
 from ablate.service.records.driver_lock import one_driver
 from ablate.service.records.outcome import RunOutcome, StorageFull, collect_outcome, full_disk, storage_full_message
 from ablate.service.records.plan import Plan, plan_run
@@ -234,6 +234,8 @@ def _run_locked(grid: Grid, opts: RunOptions, *, on_start, on_plan, trainable, n
             )
             pack = recorded
         _swept(sweep_stale_temps(run_dir))  # temporaries of writers killed earlier
+        if grid.search == "optuna":
+            check_study(run_dir)
     remove_file(f"{run_dir}/{INTERRUPTED_FILE}")  # a driver runs the trials again
     plan = plan_run(grid, run_dir, pack=pack, keep=keep_checkpoints) if grid.search == "grid" else None
     write_marker(run_dir, _marker(grid, run_dir, plan, pack))

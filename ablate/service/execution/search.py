@@ -10,7 +10,15 @@ from ablate.rundir import BEST_CONFIG_FILE, OPTUNA_DB, RESULT_FILE, TRIAL_PREFIX
 from ablate.service.records.trial import record_of
 from ablate.service.specs.grids import Grid, n_reports
 
-__all__ = ["finished_samples", "save_best", "trial_dirname", "tune_config", "unfinished_points", "unit_searcher"]
+__all__ = [
+    "check_study",
+    "finished_samples",
+    "save_best",
+    "trial_dirname",
+    "tune_config",
+    "unfinished_points",
+    "unit_searcher",
+]
 
 
 def trial_dirname(trial) -> str:
@@ -30,6 +38,23 @@ def _study(grid: Grid, run_dir: str):
         return optuna.load_study(study_name=grid.name, storage=storage)
     except KeyError:  # the database holds no study of that name
         return None
+
+
+def check_study(run_dir: str) -> None:
+    """Refuse to go on with a search whose study (``RUN_DIR/optuna.db``) is gone while its trial folders are not:
+    a new study would know nothing of them, suggest their settings again and train on trials ASHA had stopped,
+    mixing two searches in one record. Raises :class:`ablate.rundir.RunError`."""
+    from ablate.rundir import RunError
+
+    if Path(run_dir, OPTUNA_DB).is_file():
+        return
+    trials = [p for p in Path(run_dir).glob(f"{TRIAL_PREFIX}*") if p.is_dir()]
+    if trials:
+        raise RunError(
+            f"{run_dir}: {OPTUNA_DB} is missing but {len(trials)} trial folder(s) of the search are here: the study "
+            f"that ranked them is gone, and a new one would mix with them; put {OPTUNA_DB} back, or run the search "
+            "under another --name"
+        )
 
 
 def finished_samples(grid: Grid, run_dir: str) -> int:
@@ -131,16 +156,20 @@ def tune_config(
 
     opt = grid.optuna
     assert opt is not None  # search: optuna
-    storage, again = None, []
+    storage, again, tried = None, [], 0
     if run_dir is not None:
         import optuna
 
         again = unfinished_points(grid, run_dir)
+        study = _study(grid, run_dir)
+        tried = 0 if study is None else len(study.get_trials(deepcopy=False))
         storage = optuna.storages.RDBStorage(optuna_storage_url(run_dir))
     searcher = OptunaSearch(
         metric=opt.metric,
         mode=opt.mode,
-        seed=grid.seeds[0],
+        # a later run of the search draws on from where the study is: with the first run's seed, the sampler's
+        # random start would suggest the settings it suggested then, again (an unbroken search is unchanged)
+        seed=grid.seeds[0] + tried,
         storage=storage,
         study_name=grid.name if storage is not None else None,
         points_to_evaluate=again or None,
@@ -165,7 +194,9 @@ def tune_config(
         search_alg=ConcurrencyLimiter(searcher, max_concurrent=limit),
         scheduler=scheduler,
         num_samples=samples,  # the continued trials are part of the budget left: evaluated first
-        reuse_actors=True,
+        # no actor reuse: a trial ASHA stops ends its actor, which lets go of its folder's lock; a cached actor kept
+        # it, and a later suggestion of the same setting waited for it forever while holding a CPU itself
+        reuse_actors=False,
         trial_dirname_creator=trial_dirname,
     )
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from ablate.config import RunConfig
 from ablate.files import atomic_write
-from ablate.rundir import PACK_FILE, PARAMS_FILE, RESULT_FILE, TRIAL_PREFIX
+from ablate.rundir import PACK_FILE, PARAMS_FILE, RESULT_FILE, TRIAL_PREFIX, RunError
 from ablate.service.records.trial import (
     ERROR_FILE,
     drop_checkpoints_after,
@@ -129,6 +129,25 @@ def _unit(point: Point, record: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in point.params.items() if k not in ("grid", "scale")} | {RECORD_KEY: record}
 
 
+def _check_budget(points: list[Point], logs: dict[str, list[dict[str, Any]]]) -> None:
+    """Refuse a ``max_steps`` below the steps trials of the run have trained (:class:`RunError`, before anything is
+    written): the run keeps what it trained, and its record cannot say both budgets at once (its points would
+    read max_steps N while their folders say they trained past it)."""
+    over = []
+    for p in points:
+        rows = logs[p.trial_id]
+        step = rows[-1].get("step") if rows else None
+        if isinstance(step, int) and step > p.config.max_steps:
+            over.append((step, p))
+    if over:
+        step, p = max(over, key=lambda item: item[0])
+        raise RunError(
+            f"max_steps {p.config.max_steps}: {len(over)} trial(s) of this run trained past it (trial_{p.trial_id} "
+            f"to step {step}); a run keeps what it trained: run it with max_steps >= {step}, or start a new run "
+            "with another --name"
+        )
+
+
 def plan_run(grid: Grid, run_dir: str | Path, *, pack: int = 1, keep: int = 2) -> Plan:
     """Decide, from the run directory's files, what running ``grid`` into it does; write each point's params.json,
     cut the logs of the trials that continue back to their checkpoint, and return the :class:`Plan`.
@@ -143,8 +162,10 @@ def plan_run(grid: Grid, run_dir: str | Path, *, pack: int = 1, keep: int = 2) -
         p.trial_id = existing.get(key_of(p.trial_id), p.trial_id)
     plan = Plan(points)
     todo: list[Point] = []
+    logs = {p.trial_id: _rows(run_dir, p.trial_id) for p in points}
+    _check_budget(points, logs)
     for p in points:
-        rows = _rows(run_dir, p.trial_id)
+        rows = logs[p.trial_id]
         if _done(p, rows):
             plan.reused.append(p.trial_id)
             continue
