@@ -65,3 +65,30 @@ def test_a_lower_max_steps_than_the_run_trained_is_refused_before_anything_is_wr
         "to step 10); a run keeps what it trained: run it with max_steps >= 10, or start a new run with another --name"
     )
     assert _snapshot(tmp_path) == before
+
+
+def test_set_seeds_extends_a_run_with_the_new_seeds_only(tmp_path):
+    ids = _finished_run(tmp_path, 10)
+    grid = _grid()
+    grid.apply_settings({"seeds": [0, 1, 2]}, "--set", axes_win=False)
+    plan = plan_run(grid, tmp_path)
+    assert sorted(plan.reused) == sorted(ids) and len(plan.started) == 8 and not plan.continued
+    assert {p.config.seed for p in plan.points if p.trial_id in plan.started} == {1, 2}
+
+
+@pytest.mark.parametrize(
+    ("setting", "says"),
+    [
+        ("seed=7", "--set seed: a grid runs every point with each of its seeds ([0]), so one seed would be ignored; "
+         "give the list: --set seeds=[0,1,2]"),
+        ("seed=[1,2]", "--set seed: a grid runs every point with each of its seeds"),
+        ("seeds=[0,0]", "--set seeds: expected a list of distinct whole numbers, e.g. [0, 1, 2], got [0, 0]"),
+    ],
+)  # fmt: skip
+def test_set_seed_is_refused_for_the_seeds_list(tmp_path, capsys, setting, says):
+    from ablate import cli
+
+    code = cli.main(["run", "batch_vs_dim", "--scale", "smoke", "--storage", str(tmp_path), "--set", setting])
+    err = capsys.readouterr().err
+    assert code == 2 and says in err, err
+    assert not any(tmp_path.iterdir())

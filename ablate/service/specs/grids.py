@@ -142,6 +142,15 @@ class Grid(GridSettings, GridAbout):
         """
         kept = []
         for key, value in settings.items():
+            if key == "seeds":  # the grid's own list: every point runs with each (more seeds extend a run)
+                self.seeds = _seed_list(value, source, self.seeds)
+                self.overrides[key] = list(self.seeds)
+                continue
+            if key == "seed":
+                raise GridError(
+                    f"{source} seed: a grid runs every point with each of its seeds ({self.seeds}), so one seed "
+                    "would be ignored; give the list: --set seeds=[0,1,2]"
+                )
             if key not in RunConfig.model_fields:
                 raise GridError(f"{source} {key}: {unknown_setting(key)}")
             space = self.optuna.space if self.optuna else {}
@@ -294,6 +303,17 @@ def resolve_grid_path(name_or_path: str) -> Path:
             "(or give a path to a .yaml file)"
         )
     return grids[name_or_path]
+
+
+def _seed_list(value: Any, source: str, current: list[int]) -> list[int]:
+    """``--set seeds=…``: a non-empty list of distinct whole numbers, else :class:`GridError`."""
+    seeds = value if isinstance(value, list) else None
+    if not seeds or any(isinstance(v, bool) or not isinstance(v, int) for v in seeds) or len(set(seeds)) < len(seeds):
+        raise GridError(
+            f"{source} seeds: expected a list of distinct whole numbers, e.g. [0, 1, 2], got {quote(value)} "
+            f"(the grid's: {current})"
+        )
+    return list(seeds)
 
 
 def load_grid(name_or_path: str, scale: str = DEFAULT_SCALE) -> Grid:
