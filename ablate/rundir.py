@@ -285,6 +285,7 @@ class RunReader:
             raise RunError(f"{self.uri}/{RUN_MARKER}: damaged run marker ({exc})") from None
         if not isinstance(info, dict) or "grid" not in info:
             raise RunError(f"{self.uri}/{RUN_MARKER}: not an ablate run marker")
+        check_marker(info, f"{self.uri}/{RUN_MARKER}")
         grids = info.get("grids") if isinstance(info.get("grids"), dict) else {}
         if self.grid is None or self.grid == info["grid"]:
             return info
@@ -366,6 +367,53 @@ class RunReader:
             except json.JSONDecodeError:
                 continue
         return rows
+
+
+def _marker_model():
+    """The typed shape of a run marker (every key optional but ``grid``, as older markers lack some), strict: a
+    marker of the right keys and the wrong types is not one ablate wrote."""
+    from typing import Literal
+
+    from pydantic import ConfigDict, Field, create_model
+
+    strict = ConfigDict(strict=True, extra="allow")
+    some = dict[str, Any]
+    return create_model(
+        "RunMarker",
+        __config__=strict,
+        grid=(str, ...),
+        grids=(dict[str, some], {}),
+        scale=(str | None, None),
+        preset=(str | None, None),
+        grid_file=(str | None, None),
+        grid_yaml=(str | None, None),
+        search=(Literal["grid", "optuna"], "grid"),
+        axes=(list[str], []),
+        variants=(list[str], []),
+        n_trials=(int | None, Field(None, ge=0)),
+        created=(str | None, None),
+        ablate_version=(str | None, None),
+        pack=(int, Field(1, ge=1)),
+        points=(dict[str, some], {}),
+        runs=(list[some], []),
+    )
+
+
+def check_marker(info: dict[str, Any], where: str) -> None:
+    """Refuse (:class:`RunError`) a run marker whose keys have the wrong types: status, resume and export would
+    read it as a run (a ``points`` entry that is a number, ``runs`` a string)."""
+    from pydantic import ValidationError
+
+    from ablate.messages import describe_validation
+
+    model = _marker_model()
+    try:
+        model.model_validate(info)
+    except ValidationError as exc:
+        raise RunError(
+            f"{where}: not a run marker ablate wrote ({describe_validation(exc, model.model_fields)}); ablate reads "
+            "only runs it wrote itself"
+        ) from None
 
 
 def read_marker(run_dir: str | os.PathLike) -> dict[str, Any]:

@@ -290,3 +290,34 @@ def test_a_number_that_is_not_finite_is_refused_before_ray(tmp_path, capsys, bas
     line = _refusal_in_process(capsys, *argv)
     assert line.startswith(f"ablate: error: {grid}: ") and expected in line, line
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize(
+    ("marker", "says"),
+    [
+        ('{"points": {"x": 5}, "grid": 3}', "grid: Input should be a valid string (got 3); points.x: Input should be a valid dictionary (got 5)"),
+        ('{"runs": "zzz", "grid": "batch_vs_dim"}', "runs: Input should be a valid list (got 'zzz')"),
+    ],
+)  # fmt: skip
+def test_a_marker_of_the_wrong_shape_is_refused_by_every_command(tmp_path, capsys, marker, says):
+    """Valid JSON of the wrong shape gave tracebacks in status and --resume, and export wrote rows from it."""
+    from ablate import cli
+
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    (run_dir / "ablate_run.json").write_text(marker)
+    expected = (
+        f"ablate: error: {run_dir}/ablate_run.json: not a run marker ablate wrote ({says}); ablate reads only runs "
+        "it wrote itself"
+    )
+    argvs = [
+        ["status", str(run_dir)],
+        ["export", str(run_dir), "--out", str(tmp_path / "rows.csv")],
+        ["run", "batch_vs_dim", "--scale", "smoke", "--storage", str(tmp_path), "--name", "r", "--resume"],
+    ]
+    for argv in argvs:
+        code = cli.main(argv)
+        err = capsys.readouterr().err
+        assert code != 0 and "Traceback" not in err, (argv, err)
+        assert expected in err.splitlines(), (argv, err)
+    assert not (tmp_path / "rows.csv").exists()
