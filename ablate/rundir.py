@@ -325,7 +325,7 @@ class RunReader:
         out = {}
         for trial_id, params in points.items():
             name = f"{TRIAL_PREFIX}{trial_id}"
-            rows = intact_rows(self.results(name))
+            rows = self.results(name)
             error = _parsed(self.read_text(name, ERROR_FILE))
             variant = params.get("variant") if isinstance(params.get("variant"), dict) else {}
             max_steps = variant.get("max_steps", params.get("max_steps"))
@@ -359,7 +359,13 @@ class RunReader:
         return {k: v["status"] for k, v in self.trial_states().items()}
 
     def results(self, trial_dir: str) -> list[dict[str, Any]]:
-        """A trial's reports from its result.json (a line being written right now is skipped)."""
+        """A trial's reports: the intact rows of its result.json (:func:`ablate.trial_log.intact_rows`, the leading
+        rows whose steps rise), which every command reads and a resume keeps; a line being written right now, and
+        rows after the first out of order (a line appended twice, a hand edit), are left out."""
+        return intact_rows(self.logged_rows(trial_dir))
+
+    def logged_rows(self, trial_dir: str) -> list[dict[str, Any]]:
+        """Every whole JSON row of a trial's result.json, intact or not (``ablate status`` compares the two)."""
         rows = []
         for line in (self.read_text(trial_dir, RESULT_FILE) or "").splitlines():
             try:

@@ -52,12 +52,18 @@ def run_status(run_dir: str | Path, grid: str | None = None) -> dict[str, Any]:
     rows, damaged = [], {}
     for trial_id, state in reader.trial_states().items():
         counts[_GROUPS.get(state["status"], "pending")] += 1
-        results = reader.results(f"{TRIAL_PREFIX}{trial_id}")
-        intact = len(intact_rows(results))
-        if intact < len(results):
+        logged = reader.logged_rows(f"{TRIAL_PREFIX}{trial_id}")
+        results = intact_rows(logged)
+        intact = len(results)
+        if intact < len(logged):
+            then = (
+                "--resume reuses the trial as finished"
+                if state["status"] == "TERMINATED"
+                else "--resume continues the trial from its newest checkpoint and runs the reports after it again"
+            )
             damaged[trial_id] = (
-                f"result.json holds reports 1–{intact} intact, then {len(results) - intact} out of order; "
-                "--resume runs the reports after them again"
+                f"result.json holds reports 1–{intact} intact, then {len(logged) - intact} out of order, which every "
+                f"command leaves out; {then}"
             )
         last = results[-1] if results else {}
         r2 = last.get("r2")
