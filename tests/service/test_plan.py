@@ -92,3 +92,23 @@ def test_set_seed_is_refused_for_the_seeds_list(tmp_path, capsys, setting, says)
     err = capsys.readouterr().err
     assert code == 2 and says in err, err
     assert not any(tmp_path.iterdir())
+
+
+def test_a_trial_folder_that_links_out_of_the_run_is_refused_before_anything_is_written(tmp_path, capsys):
+    """It was written through without a word: logs cut and checkpoints dropped in a folder outside the storage."""
+    from ablate import cli
+
+    storage = tmp_path / "storage"
+    ids = _finished_run(storage / "r", 10)
+    (storage / "r" / "ablate_run.json").write_text(json.dumps({"grid": "batch_vs_dim", "scale": "smoke"}))
+    outside = tmp_path / "elsewhere"
+    (storage / "r" / f"{TRIAL_PREFIX}{ids[0]}").rename(outside)
+    (storage / "r" / f"{TRIAL_PREFIX}{ids[0]}").symlink_to(outside)
+    before = _snapshot(outside)
+    code = cli.main(
+        ["run", "batch_vs_dim", "--scale", "smoke", "--storage", str(storage), "--name", "r", "--set", "max_steps=20"]
+    )
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert f"ablate: error: {storage / 'r' / f'{TRIAL_PREFIX}{ids[0]}'}: a trial folder that links to {outside}" in err
+    assert _snapshot(outside) == before

@@ -41,7 +41,7 @@ from ablate.service.execution.probes import grid_plugins, probe_acceptance, prob
 from ablate.service.execution.search import check_study, save_best, tune_config
 from ablate.service.records.driver_lock import one_driver
 from ablate.service.records.outcome import RunOutcome, StorageFull, collect_outcome, full_disk, storage_full_message
-from ablate.service.records.plan import Plan, plan_run
+from ablate.service.records.plan import Plan, check_trial_folders, plan_run
 from ablate.service.specs.grids import Grid
 from ablate.service.specs.params import RECORD_KEY
 
@@ -233,6 +233,7 @@ def _run_locked(grid: Grid, opts: RunOptions, *, on_start, on_plan, trainable, n
                 "%s was run with --pack %d: it keeps that packing (--pack %d ignored)", run_dir, recorded, pack
             )
             pack = recorded
+        check_trial_folders(run_dir)
         _swept(sweep_stale_temps(run_dir))  # temporaries of writers killed earlier
         if grid.search == "optuna":
             check_study(run_dir)

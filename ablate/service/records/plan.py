@@ -148,6 +148,20 @@ def _check_budget(points: list[Point], logs: dict[str, list[dict[str, Any]]]) ->
         )
 
 
+def check_trial_folders(run_dir: str | Path) -> None:
+    """Refuse (:class:`RunError`) a run whose trial folder is a link, or leads out of the run directory: ablate
+    writes only inside the run, and a link would have it write (and cut logs, drop checkpoints) elsewhere."""
+    run_dir = Path(run_dir)
+    root = run_dir.resolve()
+    for folder in sorted(run_dir.glob(f"{TRIAL_PREFIX}*")):
+        target = folder.resolve()
+        if folder.is_symlink() or not target.is_relative_to(root):
+            raise RunError(
+                f"{folder}: a trial folder that links to {target}; ablate writes only inside the run directory: "
+                "put the folder itself there (or remove the link) and run again"
+            )
+
+
 def plan_run(grid: Grid, run_dir: str | Path, *, pack: int = 1, keep: int = 2) -> Plan:
     """Decide, from the run directory's files, what running ``grid`` into it does; write each point's params.json,
     cut the logs of the trials that continue back to their checkpoint, and return the :class:`Plan`.
