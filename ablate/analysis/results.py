@@ -16,7 +16,7 @@ from ablate.config import RunConfig
 from ablate.rundir import TRIAL_PREFIX, RunError, RunReader, atomic_write
 from ablate.service.specs.grids import axis_text
 
-__all__ = ["LEAD_COLUMNS", "NothingToExport", "axis_value", "export_results", "load_results"]
+__all__ = ["LEAD_COLUMNS", "NothingToExport", "axis_value", "differing_settings", "export_results", "load_results"]
 
 #: Columns that lead the table, in this order (when present).
 LEAD_COLUMNS = ["trial_id", "status", "seed", "training_iteration", "step", "samples_seen", "time_total_s", "r2"]
@@ -50,6 +50,35 @@ def axis_value(v: Any) -> Any:
     return axis_text(v) if isinstance(v, dict | list) else v
 
 
+#: Keys of a trial's settings that are not settings of its training (the record's bookkeeping), or that have a
+#: column of their own (the seed, the loss's name).
+_NOT_SETTINGS = {"grid", "scale", "record", "pack", "point", "seed", "loss", "loss_options"}
+
+
+def differing_settings(all_params: Any) -> list[str]:
+    """The settings whose values differ between the trials of a run (``all_params``: each trial's params), beyond
+    its seeds: a grid's axes, and any setting a later ``--set`` changed for new points beside the old ones. Each
+    is a column of the export and a level that compare, the report and claims keep apart."""
+    params = list(all_params)
+    keys = sorted({k for p in params for k in p if k not in _NOT_SETTINGS})
+    return [k for k in keys if len({json.dumps(p.get(k), sort_keys=True, default=str) for p in params}) > 1]
+
+
+def _default(key: str) -> Any:
+    """RunConfig's default of ``key`` (None for a key that is not one of its fields)."""
+    field = RunConfig.model_fields.get(key)
+    if field is None:
+        return None
+    return field.get_default(call_default_factory=True)
+
+
+def _effective(params: dict[str, Any], keys: set[str]) -> dict[str, Any]:
+    """A trial's ``keys`` with RunConfig's defaults for those its params.json leaves out (it holds what its grid
+    set), so that a setting one point leaves at its default and another sets differs only when the values do. A
+    variant's own settings stay inside its ``variant`` column (the variant is the level)."""
+    return {k: params[k] if k in params else _default(k) for k in keys}
+
+
 def load_results(run_dir: str | Path, grid: str | None = None) -> pd.DataFrame:
     """One row per trial per report, with the grid axes as columns under their YAML names.
 
@@ -60,11 +89,15 @@ def load_results(run_dir: str | Path, grid: str | None = None) -> pd.DataFrame:
     """
     reader = RunReader(run_dir, grid)
     info = reader.marker()
-    axes = [a for a in info.get("axes", []) if a != "seed"]
     statuses = reader.statuses()
+    settings = {name: reader.params(name) or {} for name in reader.trial_dirs()}
+    axes = [a for a in info.get("axes", []) if a != "seed"]
+    keys = {k for params in settings.values() for k in params if k not in _NOT_SETTINGS}
+    effective = {name: _effective(params, keys) for name, params in settings.items()}
+    if info.get("search", "grid") == "grid":  # a search's trials differ by design: its space is not its axes
+        axes += [k for k in differing_settings(effective.values()) if k not in axes]
     records: list[dict[str, Any]] = []
-    for name in reader.trial_dirs():
-        params = reader.params(name) or {}
+    for name, params in settings.items():
         trial_id = name.removeprefix(TRIAL_PREFIX)
         rows = reader.results(name)
         unique = {row.get("training_iteration", 0): row for row in rows}  # a replayed report supersedes
@@ -76,7 +109,7 @@ def load_results(run_dir: str | Path, grid: str | None = None) -> pd.DataFrame:
                     continue
                 rec[k] = v
             for axis in axes:  # the trial's settings win over a metric of the same name
-                rec[axis] = axis_value(params.get(axis))
+                rec[axis] = axis_value(params[axis] if axis in params else effective[name].get(axis))
             rec["seed"] = params.get("seed")
             rec["loss_name"] = params.get("loss", DEFAULT_LOSS)  # the loss's name ("loss" is its value)
             options = params.get("loss_options")

@@ -101,3 +101,37 @@ def test_a_line_appended_twice_is_left_out_by_every_command_and_the_hint_says_wh
         "result.json holds reports 1–2 intact, then 1 out of order, which every command leaves out; --resume reuses "
         "the trial as finished"
     )
+
+
+def test_a_science_set_beside_the_old_points_is_a_column_and_a_level_compare_keeps_apart(tmp_path):
+    """`--set lr=0.001` into a run makes new points beside the old ones: the export has an lr column and compare
+    pairs latent dims within one lr (it counted 4 vs 4 seeds, mixing both learning rates)."""
+    from ablate.analysis.compare import compare
+    from ablate.analysis.results import load_results
+    from ablate.rundir import PARAMS_FILE, RESULT_FILE, TRIAL_PREFIX, write_marker
+    from ablate.service.records.plan import grid_points
+    from ablate.service.specs.grids import load_grid
+
+    points = []
+    for lr in (None, 0.001):
+        grid = load_grid("batch_vs_dim", "smoke")
+        if lr is not None:
+            grid.apply_settings({"lr": lr}, "--set", axes_win=False)
+        points += grid_points(grid)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    write_marker(
+        str(run_dir),
+        {"grid": "batch_vs_dim", "scale": "smoke", "axes": grid.axis_names(), "n_trials": len(points), "runs": [],
+         "points": {p.trial_id: p.params for p in points}},
+    )  # fmt: skip
+    for i, p in enumerate(points):
+        folder = run_dir / f"{TRIAL_PREFIX}{p.trial_id}"
+        folder.mkdir()
+        (folder / PARAMS_FILE).write_text(json.dumps(p.params, indent=2, sort_keys=True))
+        _write(folder / RESULT_FILE, [{"step": 10, "training_iteration": 1, "r2": 0.1 * (i + 1)}])
+    df = load_results(run_dir)
+    assert "lr" in df.attrs["axes"] and sorted(df["lr"].unique()) == [0.0001, 0.001]
+    pairs = compare(df, by="latent_dim")
+    assert len(pairs) == 4 and sorted(pairs["lr"].unique()) == [0.0001, 0.001]
+    assert (pairs["n_a"] == 1).all() and (pairs["n_b"] == 1).all(), pairs
