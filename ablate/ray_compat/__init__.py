@@ -13,6 +13,7 @@ from ablate.ray_compat.control import (
     Terminated,
     graceful_interrupt,
     hide_full_disk_tracebacks,
+    hide_tune_resume_hint,
     quiet_exit_on_sigterm,
     reclaim_sigterm,
 )
@@ -23,6 +24,7 @@ __all__ = [
     "dashboard_url",
     "graceful_interrupt",
     "hide_full_disk_tracebacks",
+    "hide_tune_resume_hint",
     "live_clusters",
     "new_auth_token",
     "refresh_auth_config",

@@ -132,6 +132,29 @@ def hide_full_disk_tracebacks(on_first: Callable[[str], None]) -> Iterator[None]
             logger.removeFilter(guard)
 
 
+# ------------------------------------------------------------------ Tune's own resume hint
+#: What Ray Tune 2.60 logs (logger ``ray.tune.tune``) after an interrupted run: a ``Tuner.restore(...)`` command,
+#: which resumes from Tune's snapshot. ablate never reads that snapshot; its own hint (``ablate run … --resume``)
+#: is the one that works, and two contradicting hints are one too many.
+RESUME_HINT_TEXT = ("Resume experiment with:", "Resume training with:")
+
+
+class _ResumeHint(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not any(t in record.getMessage() for t in RESUME_HINT_TEXT)
+
+
+@contextlib.contextmanager
+def hide_tune_resume_hint() -> Iterator[None]:
+    """While Tune runs, drop Ray Tune's "Resume experiment with: Tuner.restore(...)" record (:data:`RESUME_HINT_TEXT`)."""
+    guard, logger = _ResumeHint(), logging.getLogger("ray.tune.tune")
+    logger.addFilter(guard)
+    try:
+        yield
+    finally:
+        logger.removeFilter(guard)
+
+
 # ------------------------------------------------------------------ a trial's actor stopped by SIGTERM
 def _drop_sigterm_exit(unraisable: Any) -> None:
     if isinstance(unraisable.exc_value, SystemExit):

@@ -280,7 +280,11 @@ def _run_locked(grid: Grid, opts: RunOptions, *, on_start, on_plan, trainable, n
         ),
     )
     try:
-        with ray_compat.graceful_interrupt() as interrupted, ray_compat.hide_full_disk_tracebacks(_full_warning):
+        with (
+            ray_compat.graceful_interrupt() as interrupted,
+            ray_compat.hide_full_disk_tracebacks(_full_warning),
+            ray_compat.hide_tune_resume_hint(),
+        ):
             results = tuner.fit()
     except Exception as exc:  # a full disk in the driver (the result log) ends Tune with a traceback
         full = full_disk(exc)
