@@ -336,7 +336,7 @@ class RunReader:
                 "status": status,
                 "params": params,
                 "config": params,
-                "failures": int(isinstance(error, dict)),
+                "failures": _failures(error),
                 "iteration": None,
                 "pack": packs.get(trial_id),
                 "error": error.get("error")
@@ -420,6 +420,15 @@ def check_marker(info: dict[str, Any], where: str) -> None:
             f"{where}: not a run marker ablate wrote ({describe_validation(exc, model.model_fields)}); ablate reads "
             "only runs it wrote itself"
         ) from None
+
+
+def _failures(error: Any) -> int:
+    """How often a trial failed in its last driver, from its error.json (0 without one; 1 for one written before
+    the count was kept)."""
+    if not isinstance(error, dict):
+        return 0
+    count = error.get("failures", 1)
+    return count if isinstance(count, int) and not isinstance(count, bool) and count > 0 else 1
 
 
 def read_marker(run_dir: str | os.PathLike) -> dict[str, Any]:

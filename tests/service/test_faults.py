@@ -49,6 +49,10 @@ def test_trial_that_keeps_failing_errors_without_taking_others_down(ray_session,
     assert failed.params["variant"]["name"] == "broken" and "injected fault" in failed.error
     (healthy,) = [t for t in outcome.trials if t.status == "TERMINATED"]
     assert healthy.last["step"] == 25
+    from ablate.analysis.status import run_status
+
+    (row,) = [r for r in run_status(outcome.run_dir)["trials"] if r["status"] == "ERROR"]
+    assert row["failures"] == 2  # the first failure and its one retry (max_failures=1), not 0 or 1
 
 
 def test_nonfinite_loss_errors_the_trial_names_the_step_and_keeps_the_others(ray_session, tmp_path):

@@ -99,7 +99,9 @@ class ResultLog(Callback):
         except Exception:  # noqa: BLE001 - the record of an error must not fail the driver
             trace = ""
         lines = [line.strip() for line in str(trace).splitlines() if line.strip()]
-        text = json.dumps({"error": (lines[-1] if lines else "the trial failed")[-2000:]}, indent=1)
+        failures = getattr(trial, "num_failures", 1)  # Tune's count: the first failure and each retry's
+        error = {"error": (lines[-1] if lines else "the trial failed")[-2000:], "failures": max(int(failures or 1), 1)}
+        text = json.dumps(error, indent=1)
         for folder in _folders(trial):
             if folder.is_dir():
                 with contextlib.suppress(OSError):  # a full disk: the run's outcome still names the error
