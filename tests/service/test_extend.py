@@ -243,7 +243,7 @@ def test_a_search_killed_with_kill_9_goes_on_to_its_budget_of_distinct_settings(
     from ablate import cli
 
     argv = [sys.executable, "-m", "ablate.cli", "run", "tune_aninfonce", "--scale", "smoke", "--storage", str(tmp_path)]
-    argv += ["--name", "k", "--set", "max_steps=2000", "--no-report"]
+    argv += ["--name", "k", "--set", "max_steps=300", "--no-report"]
     run_dir = tmp_path / "k"
     with (tmp_path / "first.log").open("w") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
