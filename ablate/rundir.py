@@ -43,9 +43,10 @@ from ablate.files import (  # re-exported: the run directory's writes
     sweep_stale_temps,
     write_text,
 )
+from ablate.marker import marker_problem
 from ablate.messages import quote
 from ablate.pidlock import lock_holder
-from ablate.trial_log import intact_rows, trial_status
+from ablate.trial_log import failure_count, intact_rows, trial_status
 
 __all__ = [
     "BEST_CONFIG_FILE",
@@ -285,7 +286,11 @@ class RunReader:
             raise RunError(f"{self.uri}/{RUN_MARKER}: damaged run marker ({exc})") from None
         if not isinstance(info, dict) or "grid" not in info:
             raise RunError(f"{self.uri}/{RUN_MARKER}: not an ablate run marker")
-        check_marker(info, f"{self.uri}/{RUN_MARKER}")
+        bad = marker_problem(info)
+        if bad is not None:
+            raise RunError(
+                f"{self.uri}/{RUN_MARKER}: not a run marker ablate wrote ({bad}); ablate reads only runs it wrote itself"
+            )
         grids = info.get("grids") if isinstance(info.get("grids"), dict) else {}
         if self.grid is None or self.grid == info["grid"]:
             return info
@@ -336,7 +341,7 @@ class RunReader:
                 "status": status,
                 "params": params,
                 "config": params,
-                "failures": _failures(error),
+                "failures": failure_count(error),
                 "iteration": None,
                 "pack": packs.get(trial_id),
                 "error": error.get("error")
@@ -373,62 +378,6 @@ class RunReader:
             except json.JSONDecodeError:
                 continue
         return rows
-
-
-def _marker_model():
-    """The typed shape of a run marker (every key optional but ``grid``, as older markers lack some), strict: a
-    marker of the right keys and the wrong types is not one ablate wrote."""
-    from typing import Literal
-
-    from pydantic import ConfigDict, Field, create_model
-
-    strict = ConfigDict(strict=True, extra="allow")
-    some = dict[str, Any]
-    return create_model(
-        "RunMarker",
-        __config__=strict,
-        grid=(str, ...),
-        grids=(dict[str, some], {}),
-        scale=(str | None, None),
-        preset=(str | None, None),
-        grid_file=(str | None, None),
-        grid_yaml=(str | None, None),
-        search=(Literal["grid", "optuna"], "grid"),
-        axes=(list[str], []),
-        variants=(list[str], []),
-        n_trials=(int | None, Field(None, ge=0)),
-        created=(str | None, None),
-        ablate_version=(str | None, None),
-        pack=(int, Field(1, ge=1)),
-        points=(dict[str, some], {}),
-        runs=(list[some], []),
-    )
-
-
-def check_marker(info: dict[str, Any], where: str) -> None:
-    """Refuse (:class:`RunError`) a run marker whose keys have the wrong types: status, resume and export would
-    read it as a run (a ``points`` entry that is a number, ``runs`` a string)."""
-    from pydantic import ValidationError
-
-    from ablate.messages import describe_validation
-
-    model = _marker_model()
-    try:
-        model.model_validate(info)
-    except ValidationError as exc:
-        raise RunError(
-            f"{where}: not a run marker ablate wrote ({describe_validation(exc, model.model_fields)}); ablate reads "
-            "only runs it wrote itself"
-        ) from None
-
-
-def _failures(error: Any) -> int:
-    """How often a trial failed in its last driver, from its error.json (0 without one; 1 for one written before
-    the count was kept)."""
-    if not isinstance(error, dict):
-        return 0
-    count = error.get("failures", 1)
-    return count if isinstance(count, int) and not isinstance(count, bool) and count > 0 else 1
 
 
 def read_marker(run_dir: str | os.PathLike) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from ablate.files import atomic_write
 __all__ = [
     "append_row",
     "cut_log",
+    "failure_count",
     "finished",
     "intact_rows",
     "json_text",
@@ -176,3 +177,12 @@ def trial_status(
     if not rows:
         return "PENDING"
     return "RUNNING" if live else "INTERRUPTED"
+
+
+def failure_count(error: Any) -> int:
+    """How often a trial failed in its last driver, from its parsed error.json (0 without one; 1 for one written
+    before the count was kept)."""
+    if not isinstance(error, dict):
+        return 0
+    count = error.get("failures", 1)
+    return count if isinstance(count, int) and not isinstance(count, bool) and count > 0 else 1
