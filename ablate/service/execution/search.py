@@ -82,9 +82,11 @@ def unfinished_points(grid: Grid, run_dir: str) -> list[dict[str, Any]]:
         return []
     import optuna
 
+    space = set(grid.optuna.space) if grid.optuna is not None else set()
     points, closed = [], list(study.user_attrs.get(_CONTINUED, []))
     for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-        points.append(dict(trial.params))
+        if set(trial.params) >= space:  # a kill mid-suggestion leaves a trial with some of its settings: never ran
+            points.append(dict(trial.params))
         closed.append(trial.number)
         study.set_user_attr(_CONTINUED, closed)
         study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
