@@ -29,6 +29,7 @@ __all__ = [
     "unknown_setting",
     "ConfigError",
     "BUILTIN_PARTS",
+    "LATER_FIELDS",
     "LOSS_NAMES",
     "PLUGIN_FIELDS",
     "REFERENCE_WIDTHS",
@@ -61,6 +62,10 @@ PLUGIN_FIELDS = {
     "encoder": "mlp",
     "encoder_options": {},
 }
+
+#: Science fields added after runs existed, with the value those runs used: left out of :meth:`RunConfig.science`
+#: while they hold it, so the keys of earlier runs do not change and such a run keeps what it was made with.
+LATER_FIELDS = {**PLUGIN_FIELDS, "sampler": "adaptive"}
 
 #: Settings a run may change when it resumes from a checkpoint: its budget, how often and how finely it reports,
 #: and where it runs. Every other field is a science field (:meth:`RunConfig.science_fields`).
@@ -161,6 +166,12 @@ class RunConfig(BaseModel):
     kappa: float = Field(default=1.0, gt=0, description="vMF concentration κ (conditional = 'vmf' only)")
     threshold: float | None = Field(
         default=0.1, gt=0, description="reject draws with |‖z+ε‖−1| ≥ threshold (reference: 0.1); null = none"
+    )
+    sampler: Literal["adaptive", "fixed"] = Field(
+        default="adaptive",
+        description="rejection sampler of the normal conditional: 'adaptive' (the papers': rounds sized by the "
+        "acceptance so far) or 'fixed' (one fixed-shape draw per batch, misses finished exactly; the same law, "
+        "another data stream, one host read per batch: for GPUs)",
     )
     negative_concentration: ConcentrationSpec | None = Field(
         default=None, description="Λ⁻ of hard negatives (Cor. B.1); null = no hard negatives"
@@ -275,6 +286,11 @@ class RunConfig(BaseModel):
                     f"fields), got {sorted(options)}"
                 )
         resolve_concentration(self.concentration, d, "concentration")
+        if self.sampler != "adaptive" and self.conditional != "normal":
+            raise ConfigError(
+                f"sampler: {self.sampler!r} applies to the normal conditional only, got conditional "
+                f"{self.conditional!r} (leave sampler at 'adaptive')"
+            )
         if self.infonce_layout != "symmetric" and self.loss != "infonce":
             raise ConfigError(
                 f"infonce_layout: {self.infonce_layout!r} applies to loss 'infonce' only, got {self.loss!r}"
@@ -352,9 +368,9 @@ class RunConfig(BaseModel):
 
     def science(self) -> dict[str, Any]:
         """This config's values of :meth:`science_fields` (JSON-like), to compare with a checkpoint's; the
-        :data:`PLUGIN_FIELDS` that hold their defaults are left out."""
+        :data:`LATER_FIELDS` that hold their earlier value are left out."""
         dump = self.model_dump(mode="json", include=set(self.science_fields()))
-        return {k: v for k, v in dump.items() if k not in PLUGIN_FIELDS or v != PLUGIN_FIELDS[k]}
+        return {k: v for k, v in dump.items() if k not in LATER_FIELDS or v != LATER_FIELDS[k]}
 
     @staticmethod
     def builtin_names(kind: str) -> tuple[str, ...]:

@@ -1,4 +1,4 @@
-"""`python -m benchmarks [--quick] [--only step,sampler,memory,ray,profile,compile,time_to_r2,reference_curve,generator,overhead,threads,bookkeeping,shared_ray,ray_cpu,pair_loss,prefetch]`.
+"""`python -m benchmarks [--quick] [--only step,sampler,memory,ray,syncs,profile,compile,time_to_r2,reference_curve,generator,overhead,threads,bookkeeping,shared_ray,ray_cpu,pair_loss,prefetch]`.
 
 Prints ablate's performance tables.
 
@@ -342,6 +342,13 @@ def main(argv: list[str] | None = None) -> int:
         _print(
             "ms per step with and without drawing the next batch in a second thread (1 torch thread)",
             bench_prefetch(20 if args.quick else 60),
+        )
+    if "syncs" in parts:  # opt-in: host syncs and aten ops per pack step (benchmarks/step_ops.py)
+        from benchmarks.step_ops import rows as sync_rows
+
+        _print(
+            "host syncs and aten ops per pack step, batched path, B = 64, d = 10",
+            sync_rows([1, 8, 32], 64, 10, ["adaptive", "fixed"]),
         )
     if "sampler" in parts:
         rows = [bench_sampler(d, lam) for d in (10, 20) for lam in (5.0, 25.0, 75.0)]

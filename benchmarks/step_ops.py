@@ -1,4 +1,5 @@
-"""`python -m benchmarks.step_ops [--batch B] [--dim D] [--packs 1,8,32]`: what one pack step asks of the host.
+"""`python -m benchmarks.step_ops [--batch B] [--dim D] [--packs 1,8,32] [--samplers adaptive,fixed]`: what one pack
+step asks of the host (also `python -m benchmarks --only syncs`).
 
 For a GPU the question is not the CPU time but how often a step makes the host wait for the device and how many
 operations it launches. Both are counted here on the CPU, from Python, so that they can be measured on any machine:
@@ -9,13 +10,16 @@ operations it launches. Both are counted here on the CPU, from Python, so that t
 - **aten ops**: every ATen operation the step dispatches (each a kernel launch on a GPU).
 
 Both are counted per step of a pack of k members on the batched path a GPU takes (``solo_kernels`` off), against
-a pack of 1; the prototype of 2026-11-26 (benchmarks/batched.py) kept the op count flat in k.
+a pack of 1, for each sampler (``RunConfig.sampler``); the syncs of a ``train`` call (once per report) apart. The
+CPU time per step at tiny shapes (batch 16, d = 3) is the host's own work per step; the prototype of 2026-11-26
+(benchmarks/batched.py) kept the op count flat in k.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections import Counter
 
 import torch
@@ -70,30 +74,87 @@ class AtenOps(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def count_pack_step(k: int, batch: int, dim: int, steps: int = 3) -> dict:
-    """Host syncs and aten ops per step of a pack of ``k`` AnInfoNCE members on the batched path, prefetch off."""
+def _pack(k: int, batch: int, dim: int, sampler: str):
     from ablate.config import RunConfig
     from ablate.core.pack import PackedExperiment
 
     configs = [
-        RunConfig(latent_dim=dim, batch_size=batch, seed=i, concentration=5.0 + i, generator_seed=0, device="cpu")
+        RunConfig(
+            latent_dim=dim,
+            batch_size=batch,
+            seed=i,
+            concentration=5.0 + i,
+            generator_seed=0,
+            device="cpu",
+            sampler=sampler,
+        )
         for i in range(k)
     ]
     pack = PackedExperiment(configs)
     pack.solo_kernels = False
     pack.prefetch = False
     pack.train(1)  # warm-up: lazily built state
+    return pack
+
+
+def _counted(pack, steps: int) -> tuple[Counter, int]:
     syncs, ops = HostSyncs(), AtenOps()
     with syncs, ops:
         pack.train(steps)
+    return syncs.calls, ops.total
+
+
+def count_pack_step(k: int, batch: int, dim: int, steps: int = 4, sampler: str = "adaptive") -> dict:
+    """Host syncs and aten ops of a pack of ``k`` AnInfoNCE members on the batched path, prefetch off, drawing with
+    ``sampler`` (RunConfig.sampler): per step (the difference between a call of ``steps + 1`` steps and one of 1,
+    divided by ``steps``) and per ``train`` call (the kinds of read that more steps do not add to: once per report)."""
+    one_syncs, one_ops = _counted(_pack(k, batch, dim, sampler), 1)
+    many_syncs, many_ops = _counted(_pack(k, batch, dim, sampler), steps + 1)
+    per_step = {n: (many_syncs[n] - one_syncs[n]) / steps for n in many_syncs if many_syncs[n] != one_syncs[n]}
+    per_call = {n: c for n, c in one_syncs.items() if n not in per_step}  # the reads no step adds to
     return {
         "k": k,
         "B": batch,
         "d": dim,
-        "host_syncs_per_step": sum(syncs.calls.values()) / steps,
-        "aten_ops_per_step": ops.total / steps,
-        "syncs_by_kind": dict(sorted((n, c / steps) for n, c in syncs.calls.items())),
+        "sampler": sampler,
+        "host_syncs_per_step": sum(per_step.values()),
+        "aten_ops_per_step": (many_ops - one_ops) / steps,
+        "syncs_by_kind": dict(sorted(per_step.items())),
+        "host_syncs_per_call": sum(per_call.values()),
     }
+
+
+def cpu_ms_per_step(k: int, sampler: str, batch: int = 16, dim: int = 3, steps: int = 200) -> float:
+    """CPU ms per step of a pack of ``k`` at tiny shapes (the host's own work: Python and op dispatch), best of 3."""
+    pack = _pack(k, batch, dim, sampler)
+    best = float("inf")
+    for _ in range(3):
+        start = time.process_time()
+        pack.train(steps)
+        best = min(best, time.process_time() - start)
+    return best / steps * 1e3
+
+
+def rows(packs: list[int], batch: int, dim: int, samplers: list[str]) -> list[dict]:
+    """The table of :func:`main` (``python -m benchmarks --only syncs`` prints it too)."""
+    out = []
+    for sampler in samplers:
+        counted = [count_pack_step(k, batch, dim, sampler=sampler) for k in packs]
+        base = counted[0]["aten_ops_per_step"]
+        for r in counted:
+            out.append(
+                {
+                    "sampler": sampler,
+                    "pack_of": r["k"],
+                    "syncs_per_step": r["host_syncs_per_step"],
+                    "syncs_per_call": r["host_syncs_per_call"],
+                    "aten_ops_per_step": r["aten_ops_per_step"],
+                    "ops_vs_pack_of_1": r["aten_ops_per_step"] / base,
+                    "cpu_ms_per_step_B16_d3": cpu_ms_per_step(r["k"], sampler),
+                    "syncs_by_kind": ", ".join(f"{n} {c:g}" for n, c in r["syncs_by_kind"].items()) or "-",
+                }
+            )
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -101,17 +162,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--dim", type=int, default=10)
     p.add_argument("--packs", default="1,8,32")
+    p.add_argument("--samplers", default="adaptive,fixed", help="RunConfig.sampler values, comma-separated")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
-    rows = [count_pack_step(int(k), args.batch, args.dim) for k in args.packs.split(",")]
-    base = rows[0]["aten_ops_per_step"]
-    print(f"# one pack step, batched path (torch {torch.__version__}, B = {args.batch}, d = {args.dim})")
-    print("k | host syncs | aten ops | ops / pack of 1 | syncs by kind")
-    for r in rows:
-        kinds = ", ".join(f"{n} {c:g}" for n, c in r["syncs_by_kind"].items())
+    table = rows([int(k) for k in args.packs.split(",")], args.batch, args.dim, args.samplers.split(","))
+    print(
+        f"# one pack step, batched path (torch {torch.__version__}, B = {args.batch}, d = {args.dim}; "
+        "CPU time at B = 16, d = 3, 1 thread)"
+    )
+    print("sampler | k | host syncs / step | / train call | aten ops / step | ops / pack of 1 | CPU ms / step | kinds")
+    for r in table:
         print(
-            f"{r['k']} | {r['host_syncs_per_step']:g} | {r['aten_ops_per_step']:g} | "
-            f"{r['aten_ops_per_step'] / base:.2f} | {kinds}"
+            f"{r['sampler']} | {r['pack_of']} | {r['syncs_per_step']:g} | {r['syncs_per_call']:g} | "
+            f"{r['aten_ops_per_step']:g} | {r['ops_vs_pack_of_1']:.2f} | {r['cpu_ms_per_step_B16_d3']:.2f} | "
+            f"{r['syncs_by_kind']}"
         )
     return 0
 

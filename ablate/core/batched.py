@@ -176,6 +176,7 @@ def adam_update_(
     factor: float,
     betas: tuple[float, float],
     eps: float,
+    mask: Tensor | None = None,
 ) -> None:
     """torch.optim.Adam's single-tensor step (no weight decay, no amsgrad) on the flat ``(rows, P)`` buffers of
     several members at once, in place. Column group ``g`` (the columns ``groups[g]``, e.g. the encoder's weights,
@@ -186,18 +187,35 @@ def adam_update_(
     and rounded once, as Adam computes it in Python floats, with no host-to-device copy; and ``p + (−step_size · m)
     / denom`` is the order of the CPU's ``addcdiv_``, so each row takes Adam's steps exactly.
 
+    With a ``mask``, only the rows it marks change: the others (a member whose loss was not finite, its gradient
+    NaN) keep their weights and moments exactly, chosen on the device with ``torch.where`` (no host sync); the rows
+    that change take the same values as without a mask.
+
     Shape:
-        p, grad, exp_avg, exp_avg_sq: ``(rows, P)``; lrs: ``(rows, len(groups))``.
+        p, grad, exp_avg, exp_avg_sq: ``(rows, P)``; lrs: ``(rows, len(groups))``; mask: ``(rows,)`` bool.
     """
     beta1, beta2 = betas
     bc1 = 1 - beta1 ** float(step)
     bc2_sqrt = (1 - beta2 ** float(step)) ** 0.5
     neg = lrs.mul(factor).div_(bc1).neg_().to(p.dtype)
-    exp_avg.lerp_(grad, 1 - beta1)
-    exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-    denom = (exp_avg_sq.sqrt() / bc2_sqrt).add_(eps)
+    if mask is None:
+        exp_avg.lerp_(grad, 1 - beta1)
+        exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+        m, v = exp_avg, exp_avg_sq
+    else:
+        m = exp_avg.lerp(grad, 1 - beta1)
+        v = exp_avg_sq.mul(beta2).addcmul_(grad, grad, value=1 - beta2)
+    denom = (v.sqrt() / bc2_sqrt).add_(eps)
+    keep = None if mask is None else mask.unsqueeze(1)
     for g, (start, stop) in enumerate(groups):
-        p[:, start:stop].add_(exp_avg[:, start:stop].mul(neg[:, g : g + 1]).div_(denom[:, start:stop]))
+        update = m[:, start:stop].mul(neg[:, g : g + 1]).div_(denom[:, start:stop])
+        if keep is None:
+            p[:, start:stop].add_(update)
+        else:
+            torch.where(keep, p[:, start:stop] + update, p[:, start:stop], out=p[:, start:stop])
+    if keep is not None:
+        torch.where(keep, m, exp_avg, out=exp_avg)
+        torch.where(keep, v, exp_avg_sq, out=exp_avg_sq)
 
 
 def _mean_cross_entropy(logits: Tensor, target: Tensor) -> Tensor:

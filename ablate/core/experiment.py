@@ -17,6 +17,7 @@ from torch import Tensor
 from ablate.columns import lambda_hat_column, r2_block_column, r2_dim_column
 from ablate.config import RunConfig
 from ablate.core import dgp, metrics, parts
+from ablate.core.fixed_sampler import FixedShapeSampler
 from ablate.core.losses import ContrastiveLoss, build_loss, floor_loss
 from ablate.core.prefetch import Prefetcher
 
@@ -104,16 +105,38 @@ class Experiment:
         self._lambdas = [torch.tensor(lam, device=self.device, dtype=self.dtype) for lam in config.lambda_ensemble]
         neg = config.lambda_negative
         self._lambda_neg = None if neg is None else torch.tensor(neg, device=self.device, dtype=self.dtype)
+        self.fixed_samplers = self._fixed_samplers() if config.sampler == "fixed" else None
 
     # ------------------------------------------------------------------ data
     def _positive(self, z: Tensor, lam: Tensor, rng: torch.Generator) -> Tensor:
         return self._conditional(z, lam, rng)
+
+    def _fixed_samplers(self) -> list[FixedShapeSampler]:
+        """``sampler: fixed``: one fixed-shape sampler per DGP (the first one also draws the hard negatives)."""
+        cfg = self.config
+        return [
+            FixedShapeSampler(
+                lam.unsqueeze(0),
+                self._lambda_neg.unsqueeze(0) if i == 0 and self._lambda_neg is not None else None,
+                batch_size=cfg.batch_size,
+                n_negatives=cfg.n_hard_negatives,
+                threshold=cfg.threshold,
+            )  # fmt: skip
+            for i, lam in enumerate(self._lambdas)
+        ]
 
     def sample_latents(self, n: int, rng: torch.Generator, *, hard_negatives: bool) -> dict[str, Any]:
         """Draw one batch of latents: anchors and positives per DGP, and hard negatives if asked.
 
         Returns ``{"pairs": [(z, z⁺), …], "negatives": (n, M, d) or None}``.
         """
+        if self.fixed_samplers is not None:
+            pairs, negatives = [], None
+            for i, sampler in enumerate(self.fixed_samplers):
+                z, z_pos, neg = sampler.draw([rng], n, hard_negatives=hard_negatives and i == 0)
+                pairs.append((z[0], z_pos[0]))
+                negatives = neg[0] if neg is not None else negatives
+            return {"pairs": pairs, "negatives": negatives}
         d = self.config.latent_dim
         pairs = []
         for lam in self._lambdas:

@@ -20,10 +20,12 @@ Per-member state: the weights, their gradients and Adam's moments live in flat `
 (:class:`~.pack_state.PackState`), so Adam updates every tensor of every member with one set of element-wise
 operations; the learning rates are a float64 device tensor built once, scaled by the schedule on the device, with
 torch.optim.Adam's single-tensor arithmetic otherwise (so each member takes Adam's steps exactly); a member
-that is frozen (:meth:`PackedExperiment.freeze`) or failed (non-finite loss) leaves the batched computation,
-and its weights, Λ̂, Adam moments, step and data generator stay exactly as they were. Deciding which members
-Adam updates takes one host sync per step (the k losses' finiteness): free on the CPU; on a GPU it costs the
-overlap of host and device, which a device-side mask could win back when packs are wired to GPUs.
+that is frozen (:meth:`PackedExperiment.freeze`) or failed (non-finite loss) keeps its weights, Λ̂, Adam moments,
+step and data generator exactly as they were. On the batched path a failure is decided on the device: a member
+whose loss is not finite is masked out of Adam's update with ``torch.where`` and its failing step kept in a device
+tensor, read once at the end of :meth:`PackedExperiment.train` (the report); it leaves the batched computation from
+the next call on, and its data generator is drawn again from the call's start to the batch before the failing one.
+With solo kernels (the CPU, where reading a value costs nothing) the losses' finiteness is read every step.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from torch.nn import functional as F
 from ablate.config import RunConfig
 from ablate.core.batched import adam_update_, linear_nt, member_losses, pack_loss
 from ablate.core.experiment import Experiment, NonFiniteLossError
+from ablate.core.fixed_sampler import FixedShapeSampler
 from ablate.core.generator import GENERATOR_SLOPE
 from ablate.core.pack_fields import check_packable
 from ablate.core.pack_state import PackState, backward_into_flat
@@ -85,8 +88,21 @@ class PackedExperiment(PackState):
         self._lrs = torch.tensor(
             [[c.lr, c.lr_lambda][: len(self._groups)] for c in configs], dtype=torch.float64, device=self.device
         )  # each member's learning rate per column group, built once on the device
+        self._sampler = self._fixed_sampler()
         self.prefetch = True
         self.solo_kernels = self.device.type == "cpu"
+
+    def _fixed_sampler(self) -> FixedShapeSampler | None:
+        """``sampler: fixed``: one sampler for every member's batch, each member with its own Λ, Λ⁻ and K."""
+        cfg = self.configs[0]
+        if cfg.sampler != "fixed":
+            return None
+        neg = [m._lambda_neg for m in self._members]
+        return FixedShapeSampler(
+            torch.stack([m._lambdas[0] for m in self._members]),
+            None if neg[0] is None else torch.stack(neg),
+            batch_size=cfg.batch_size, n_negatives=cfg.n_hard_negatives, threshold=cfg.threshold,
+        )  # fmt: skip
 
     # ---------------------------------------------------------------- members
     def freeze(self, i: int) -> None:
@@ -135,11 +151,15 @@ class PackedExperiment(PackState):
         cfg = self.configs[0]
         return cfg.negative_concentration is not None and step >= cfg.hard_negatives_from_step
 
-    def _draw(self, active: list[int], step: int) -> tuple[Tensor, list[Tensor]]:
-        """x = g(latents) of every active member's batch of ``step`` ``(k_active, N, d)``, and each member's data
-        generator state after drawing it."""
-        hard, xs, states = self._hard_negatives(step), [], []
-        d = self.configs[0].latent_dim
+    def _latents(self, active: list[int], hard: bool) -> tuple[Tensor | list[Tensor], list[Tensor]]:
+        """Every active member's latents of one batch, rows laid out as :meth:`Experiment.compute_loss` lays them
+        out, and each member's data generator state after drawing them."""
+        if self._sampler is not None:  # sampler: fixed, every member's batch in one pass
+            rngs = [self._members[i].data_rng for i in active]
+            z, z_pos, neg = self._sampler.draw(rngs, self.configs[0].batch_size, members=active, hard_negatives=hard)
+            latents = torch.cat([z, z_pos] + ([] if neg is None else [neg.flatten(1, 2)]), dim=1)
+            return latents, [rng.get_state() for rng in rngs]
+        d, xs, states = self.configs[0].latent_dim, [], []
         for i in active:
             m = self._members[i]
             latents = m.sample_latents(self.configs[0].batch_size, m.data_rng, hard_negatives=hard)
@@ -148,10 +168,16 @@ class PackedExperiment(PackState):
                 chunks.append(latents["negatives"].reshape(-1, d))
             xs.append(torch.cat(chunks))
             states.append(m.data_rng.get_state())
+        return xs, states
+
+    def _draw(self, active: list[int], step: int) -> tuple[Tensor, list[Tensor]]:
+        """x = g(latents) of every active member's batch of ``step`` ``(k_active, N, d)``, and each member's data
+        generator state after drawing it."""
+        xs, states = self._latents(active, self._hard_negatives(step))
         with torch.no_grad():
             if self._solo_kernels:  # each member's own g on its own batch, as its solo run draws it
                 return torch.stack([self._members[i].generator(x) for i, x in zip(active, xs)]), states
-            x = torch.stack(xs)
+            x = torch.stack(xs) if isinstance(xs, list) else xs
             g = self._generator(active)
             for layer, w in enumerate(g):
                 x = torch.bmm(x, w.mT)
@@ -196,46 +222,54 @@ class PackedExperiment(PackState):
             return torch.stack([F.softplus(row) for row in theta])
         return F.softplus(theta)
 
-    def _adam(self, grad: Tensor, computed: list[int], update: list[int], step: int, factor: float) -> None:
-        """Adam's step ``step`` (1-based) for the members ``update``, whose gradients are rows of ``grad`` (one row
-        per member in ``computed``), each with its own learning rates times the schedule's ``factor``."""
+    def _adam(self, grad: Tensor, rows: Tensor | None, step: int, factor: float, mask: Tensor | None = None) -> None:
+        """Adam's step ``step`` (1-based) for the members in rows ``rows`` of the pack (None: all), their gradients
+        one row each of ``grad``, each with its own learning rates times the schedule's ``factor``; with a ``mask``
+        (one bool per row, on the device) only the marked rows change."""
         flat, betas = self._flat, (self._beta1, self._beta2)
-        if len(update) == self.k:  # every member, in place on the pack's own buffers
+        if rows is None:  # every member, in place on the pack's own buffers
             adam_update_(
                 flat["params"], grad, flat["exp_avg"], flat["exp_avg_sq"], self._lrs, self._groups, step, factor,
-                betas, self._eps,
+                betas, self._eps, mask,
             )  # fmt: skip
             return
-        idx = torch.tensor(update, device=self.device)
-        rows = torch.tensor([computed.index(i) for i in update], device=self.device)
-        p, m, v = flat["params"][idx], flat["exp_avg"][idx], flat["exp_avg_sq"][idx]
-        adam_update_(p, grad[rows], m, v, self._lrs[idx], self._groups, step, factor, betas, self._eps)
+        p, m, v = flat["params"][rows], flat["exp_avg"][rows], flat["exp_avg_sq"][rows]
+        adam_update_(p, grad, m, v, self._lrs[rows], self._groups, step, factor, betas, self._eps, mask)
         with torch.no_grad():
             for key, rows_now in (("params", p), ("exp_avg", m), ("exp_avg_sq", v)):
-                flat[key].index_copy_(0, idx, rows_now)
+                flat[key].index_copy_(0, rows, rows_now)
 
-    def _train_step(self, active: list[int], x: Tensor, step: int) -> Tensor:
-        """One optimisation step of the ``active`` members (all at ``step``); returns their losses. Members whose
-        loss is non-finite are not updated."""
-        if len(active) == self.k:
+    def _train_step(self, active: list[int], rows: Tensor | None, x: Tensor, step: int, alive: Tensor | None) -> Tensor:
+        """One optimisation step of the ``active`` members (all at ``step``; ``rows`` their indices on the device,
+        None when every member trains); returns their losses.
+
+        With ``alive`` (one bool per active member, on the device: the batched path), a member whose loss is not
+        finite keeps its state, and ``alive`` is cleared for it in place, with no host sync; :meth:`train` reads it
+        once at the end. Without (solo kernels, on the CPU, where a read is free), the failure is recorded here."""
+        if rows is None:
             params, grad = self._params, self._flat["grad"]
             grad.zero_()
         else:  # the training members' rows, copied out: the others' weights are not even read
-            idx = torch.tensor(active, device=self.device)
-            sub = self._flat["params"][idx]
+            sub = self._flat["params"][rows]
             grad = torch.zeros_like(sub)
             params = self._leaves(sub, grad)
-        losses = self._losses(x, params, None if len(active) == self.k else active, self._hard_negatives(step))
+        losses = self._losses(x, params, None if rows is None else active, self._hard_negatives(step))
         backward_into_flat(losses.sum())
         losses = losses.detach()
-        finite = torch.isfinite(losses).tolist()  # one host sync per step: a failing member must not be updated
-        update = [i for i, ok in zip(active, finite) if ok]
-        if update:
-            self._adam(grad, active, update, step + 1, self._members[active[0]]._lr_factor(step))
+        factor = self._members[active[0]]._lr_factor(step)
+        if alive is not None:
+            alive.logical_and_(torch.isfinite(losses))
+            self._adam(grad, rows, step + 1, factor, alive)
+            return losses
+        finite = torch.isfinite(losses).tolist()  # a failing member must not be updated
+        if all(finite):
+            self._adam(grad, rows, step + 1, factor)
+        elif any(finite):
+            keep = [j for j, ok in enumerate(finite) if ok]
+            update = torch.tensor([active[j] for j in keep], device=self.device)
+            self._adam(grad[keep], update, step + 1, factor)
         for i, ok in zip(active, finite):
-            if ok:
-                self._members[i].step += 1
-            else:
+            if not ok:
                 self.failed[i] = step + 1
         return losses
 
@@ -243,39 +277,62 @@ class PackedExperiment(PackState):
         """Run up to ``n_steps`` optimisation steps of every training member; return one dict per member: the
         keys of :meth:`Experiment.train` (``loss`` is the mean over the steps it took here, NaN if none) and
         ``status`` ("training", "frozen" or "failed"). A member whose loss becomes non-finite is marked failed
-        (:attr:`failed`) with its state as after its last finite step; the others go on."""
+        (:attr:`failed`) with its state as after its last finite step (its data generator included); the others go
+        on. On the batched path that is decided on the device and read once, at the end."""
         losses = torch.full((max(n_steps, 1), self.k), float("nan"), device=self.device, dtype=self.dtype)
-        counts = [0] * self.k
+        taken = [0] * self.k  # the steps each member took here
         done = 0
         while done < n_steps and self.active:
             active = self.active
-            step = self._members[active[0]].step
-            before = [self._members[i].data_rng.get_state() for i in active]
-            keys = range(step, step + n_steps - done)
+            start, first = self._members[active[0]].step, done
+            initial = before = [self._members[i].data_rng.get_state() for i in active]
             columns = torch.tensor(active, device=self.device)  # once per set of training members, not per step
+            rows = None if len(active) == self.k else columns
+            alive = None if self._solo_kernels else torch.ones(len(active), dtype=torch.bool, device=self.device)
+            fail_at = None if alive is None else torch.full((len(active),), n_steps, device=self.device)
+            keys = range(start, start + n_steps - done)
             with Prefetcher(lambda s, a=active: self._draw(a, s), keys, enabled=self._prefetch) as batches:
                 for x, states in batches:
-                    row = self._train_step(active, x, step)
-                    losses[done, columns] = row
-                    done, step = done + 1, step + 1
-                    for i in active:
-                        counts[i] += i not in self.failed
+                    losses[done, columns] = self._train_step(active, rows, x, start + done - first, alive)
+                    if fail_at is not None:  # the step at which each member failed, kept on the device
+                        fail_at.masked_fill_(~alive & (fail_at == n_steps), done - first)
+                    done += 1
                     if any(i in self.failed for i in active):
                         break
                     before = states
-            if self.active != active:  # a member failed: back to its state before that step; rewind the others'
-                for j, i in enumerate(active):  # generators past what the sampler drew ahead
-                    self._members[i].data_rng.set_state(before[j] if i in self.failed else states[j])
+            if fail_at is not None:  # the one read of the device's verdicts
+                for i, at in zip(active, fail_at.tolist()):
+                    if at < n_steps:
+                        self.failed[i] = start + at + 1
+            for j, i in enumerate(active):
+                member = self._members[i]
+                if i not in self.failed:
+                    member.step = start + done - first
+                    member.data_rng.set_state(states[j])  # not past what it trained on, if the sampler drew ahead
+                elif fail_at is None:  # the host saw it fail at its last step here
+                    member.step = self.failed[i] - 1
+                    member.data_rng.set_state(before[j])
+                else:  # its stream from this call's start, drawn again up to the batch before the failing one
+                    member.step = self.failed[i] - 1
+                    member.data_rng.set_state(initial[j])
+                    for step in range(start, member.step):
+                        self._latents([i], self._hard_negatives(step))
+                taken[i] += member.step - start
+        return self._summary(losses, taken)
+
+    def _summary(self, losses: Tensor, taken: list[int]) -> list[dict[str, Any]]:
+        """Each member's result of :meth:`train`, its mean loss over the ``taken`` steps read in one transfer."""
+        valid = torch.arange(losses.shape[0], device=self.device)[:, None] < torch.tensor(taken, device=self.device)
+        means = (torch.where(valid, losses, 0.0).sum(0) / valid.sum(0)).tolist()
         out = []
         for i, m in enumerate(self._members):
             status = "failed" if i in self.failed else "frozen" if i in self.frozen else "training"
-            mean = float(losses[: counts[i], i].clone().mean()) if counts[i] else float("nan")
             factor = m._lr_factor(m.step - 1) if m.step else 1.0
             out.append(
                 {
                     "step": m.step,
                     "samples_seen": m.step * self.configs[i].batch_size,
-                    "loss": mean,
+                    "loss": means[i] if taken[i] else float("nan"),
                     "lr_now": self.configs[i].lr * factor,
                     "status": status,
                 }

@@ -22,6 +22,7 @@ SHAPE_FIELDS = frozenset(
         "latent_dim",  # every tensor's width
         "conditional",  # which positive sampler runs
         "threshold",  # the rejection rule of the sampler
+        "sampler",  # how the sampler draws (one code path for the pack)
         "n_hard_negatives",  # rows per batch
         "hard_negatives_from_step",  # the step at which the loss switches path
         "batch_negatives",  # the hard-negative loss's logits layout

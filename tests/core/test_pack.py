@@ -340,12 +340,17 @@ def test_frozen_member_stays_bit_identical_while_others_train():
         assert_states(pack.member_state_dict(i), exp.state_dict(), TOL)
 
 
-@pytest.mark.parametrize("prefetch", [True, False])
-def test_non_finite_member_fails_and_the_others_go_on(prefetch):
+@pytest.mark.parametrize(
+    ("prefetch", "solo_kernels"), [(True, True), (False, True), (False, False)],
+    ids=["prefetch", "no-prefetch", "batched-device-mask"],
+)  # fmt: skip
+def test_non_finite_member_fails_and_the_others_go_on(prefetch, solo_kernels):
+    """With solo kernels the host reads each step's finiteness; on the batched path (a GPU's) a device-side mask
+    freezes the member and the host reads its failing step once, at the end of train: the same outcome."""
     cfgs = configs("aninfonce", dtype="float64", prefetch=prefetch)
     cfgs[1] = cfgs[1].model_copy(update={"lr": 1e200, "lr_lambda": 1e200})  # float64 overflows at step 2
     pack = PackedExperiment(cfgs)
-    pack.prefetch = prefetch
+    pack.prefetch, pack.solo_kernels = prefetch, solo_kernels
     rows = pack.train(10) + pack.train(5)
     assert pack.failed == {1: 2} and pack.active == [0, 2]
     assert "non-finite at step 2" in str(pack.error(1))
@@ -406,15 +411,27 @@ def test_plain_loss_path_equals_the_solo_loss(variant):
             assert float(packed[i]) == pytest.approx(float(solo_loss(h[i, :b], h[i, b:])), rel=1e-6)
 
 
-def test_a_batched_step_builds_no_tensor_from_python_data():
-    """On a GPU a tensor built from Python values is a host-to-device copy: the learning rates are a device tensor
-    built once and scaled on the device, and the training members' index is built once per train call, so the
-    steps themselves build none (benchmarks/step_ops.py counts every host sync of a step)."""
+@pytest.mark.parametrize("sampler", ["adaptive", "fixed"])
+def test_a_batched_step_reads_nothing_from_the_device(sampler):
+    """On a GPU a host sync (a value read, a tensor built from Python values) stalls the card. On the batched path
+    a step syncs only in the sampler: the learning rates are a device tensor built once, a member's failure is a
+    device-side mask read once per train call, and the training members' index is built once per call. So more
+    steps in a call add no sync but the adaptive sampler's rounds, or the fixed sampler's one flag per batch
+    (benchmarks/step_ops.py counts and prints them)."""
     from benchmarks.step_ops import HostSyncs
 
-    pack = PackedExperiment(configs("aninfonce"))
-    pack.solo_kernels, pack.prefetch = False, False
-    pack.train(1)
-    with HostSyncs() as syncs:
-        pack.train(5)
-    assert syncs.calls["tensor"] + syncs.calls["as_tensor"] == 1, syncs.calls
+    def calls(steps: int) -> dict:
+        pack = PackedExperiment([c.model_copy(update={"sampler": sampler}) for c in configs("aninfonce")])
+        pack.solo_kernels, pack.prefetch = False, False
+        pack.train(1)
+        with HostSyncs() as syncs:
+            pack.train(steps)
+        return syncs.calls
+
+    short, long = calls(2), calls(6)
+    per_step = {name: (long[name] - short[name]) / 4 for name in long if long[name] != short[name]}
+    assert short["tensor"] == long["tensor"] and short["tolist"] == long["tolist"], (short, long)
+    sampler_reads = {"__bool__", "__int__", "nonzero", "__getitem__[bool]"}
+    assert set(per_step) <= sampler_reads, per_step
+    if sampler == "fixed":  # three members, one flag per batch, no row missed at these shapes
+        assert per_step == {"__bool__": 1.0}, per_step

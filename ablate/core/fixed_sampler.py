@@ -1,0 +1,179 @@
+"""The fixed-shape sampler (``sampler: fixed``): one training batch of latents for k runs at once, with shapes
+that do not depend on the draws, and one host read per batch.
+
+The papers' rejection sampler (:func:`ablate.core.dgp.sample_conditional`, ``sampler: adaptive``) redraws the
+rows it rejected in rounds sized by the acceptance measured so far, so every round asks the host how many rows
+are left: about ten host syncs per batch, and per member of a pack. Here each positive (and hard negative) is the
+first accepted of a fixed number ``K`` of candidates drawn at once, ``K`` chosen when the sampler is built from the
+acceptance measured on a probe of its own (so the data stream is not touched) such that a row misses all ``K`` with
+probability about :data:`MISS_RATE`. The law is the same: each row's value is the first accepted draw of an i.i.d.
+sequence, which is what rejection sampling returns. A row that misses all ``K`` is not biased: it is finished
+exactly by the adaptive sampler, continuing the same member's random stream, after one read of a flag
+(``hit.all()``) tells the host that some row missed; the rows so finished are counted (:attr:`misses`).
+
+Every member draws its candidates from its own generator, in the same order as its solo run (anchors,
+positives, hard negatives, then the finishing rounds), and the selection is element-wise or a reduction along
+each row, so a member of a pack equals its solo run bit for bit (tests/core/test_fixed_sampler.py). The data
+stream differs from the adaptive sampler's, so the sampler is a science field of the run (:class:`RunConfig`).
+Pure torch: no I/O.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from ablate.core import dgp
+
+__all__ = ["MISS_RATE", "FixedShapeSampler", "candidate_count"]
+
+#: Target probability that a row misses all of its candidates (before the memory cap binds).
+MISS_RATE = 1e-6
+#: The probe that measures the acceptance: anchors, candidates per anchor, and its own seed.
+_PROBE_ROWS, _PROBE_PER_ROW, _PROBE_SEED = 4096, 16, 20_261_128
+
+
+@functools.lru_cache(maxsize=256)
+def _acceptance(lam: tuple[float, ...], threshold: float) -> float:
+    """The acceptance of the rejection rule for uniform anchors, measured on a fixed-seed float64 probe."""
+    d = len(lam)
+    rng = torch.Generator().manual_seed(_PROBE_SEED)
+    z = dgp.sample_uniform(_PROBE_ROWS, d, generator=rng, dtype=torch.float64)
+    std = torch.tensor(lam, dtype=torch.float64).rsqrt()
+    eps = torch.randn((_PROBE_ROWS, _PROBE_PER_ROW, d), generator=rng, dtype=torch.float64) * std
+    ok = ((z.unsqueeze(1) + eps).norm(dim=-1) - 1.0).abs() < threshold
+    return float(ok.double().mean())
+
+
+def candidate_count(lam: Sequence[float], threshold: float | None, rows: int, *, miss: float = MISS_RATE) -> int:
+    """Candidates per row so that a row misses all of them with probability about ``miss``, at the acceptance
+    measured for Λ = ``lam`` (its lower 3-SE bound), capped so that one draw of ``rows`` rows holds at most
+    :data:`ablate.core.dgp._MAX_CANDIDATE_ELEMENTS` elements (past the cap, more rows are finished exactly).
+
+    Raises:
+        LowAcceptanceError: the acceptance is below :data:`ablate.core.dgp.MIN_ACCEPTANCE` (before any training).
+    """
+    if threshold is None:
+        return 1
+    lam = tuple(float(v) for v in lam)
+    rate = _acceptance(lam, float(threshold))
+    drawn = _PROBE_ROWS * _PROBE_PER_ROW
+    if rate < dgp.MIN_ACCEPTANCE:
+        raise dgp._acceptance_error(torch.tensor(lam), len(lam), threshold, round(rate * drawn), drawn)
+    low = max(rate / 2, rate - 3.0 * math.sqrt(rate * (1.0 - rate) / _PROBE_ROWS))
+    wanted = 1 if low >= 1.0 else math.ceil(math.log(miss) / math.log1p(-low))
+    cap = max(1, dgp._MAX_CANDIDATE_ELEMENTS // max(rows * len(lam), 1))
+    return max(1, min(wanted, cap))
+
+
+class FixedShapeSampler:
+    """Anchors, positives and hard negatives of one batch for k runs, each from its own generator (module doc).
+
+    Args:
+        concentration: each run's Λ ``(k, d)``.
+        negative_concentration: each run's Λ⁻ ``(k, d)``, or None without hard negatives.
+        batch_size: anchors per batch; sizes the memory cap of ``K``.
+        n_negatives: hard negatives per anchor.
+        threshold: the rejection threshold, or None for none (then ``K`` = 1 and nothing is rejected).
+
+    Attributes:
+        candidates: each run's ``K`` for positives (and :attr:`negative_candidates` for hard negatives).
+        misses: rows finished by the exact adaptive round since the sampler was built.
+    """
+
+    def __init__(
+        self,
+        concentration: Tensor,
+        negative_concentration: Tensor | None,
+        *,
+        batch_size: int,
+        n_negatives: int = 0,
+        threshold: float | None = 0.1,
+    ):
+        self.lam, self.lam_neg, self.threshold = concentration, negative_concentration, threshold
+        self.n_negatives = n_negatives
+        self.candidates = [candidate_count(row.tolist(), threshold, batch_size) for row in concentration]
+        self.negative_candidates = (
+            None
+            if negative_concentration is None
+            else [candidate_count(row.tolist(), threshold, batch_size * n_negatives) for row in negative_concentration]
+        )
+        self.misses = 0
+        self._valid_columns: dict[tuple[int, ...], Tensor] = {}
+
+    def draw(
+        self, generators: Sequence[torch.Generator], n: int, *, members: Sequence[int] | None = None,
+        hard_negatives: bool = False,
+    ) -> tuple[Tensor, Tensor, Tensor | None]:  # fmt: skip
+        """One batch of ``n`` anchors per member listed in ``members`` (all by default; ``generators`` are theirs,
+        in the same order): ``(z, z⁺, negatives)`` of shapes ``(k, n, d)``, ``(k, n, d)`` and ``(k, n, M, d)`` or
+        None. Reads one flag on the host (whether any row missed)."""
+        members = list(range(self.lam.shape[0])) if members is None else list(members)
+        lam = self.lam[members]
+        k, d = lam.shape
+        z = torch.empty((k, n, d), device=lam.device, dtype=lam.dtype)
+        for row, rng in zip(z, generators):
+            torch.randn((n, d), generator=rng, out=row)
+        z = z / z.norm(dim=-1, keepdim=True)
+        pos = self._first_accepted(z, lam, [self.candidates[i] for i in members], generators)
+        neg = None
+        if hard_negatives and self.lam_neg is not None:
+            anchors = z.repeat_interleave(self.n_negatives, dim=1)
+            counts = [self.negative_candidates[i] for i in members]
+            neg = self._first_accepted(anchors, self.lam_neg[members], counts, generators)
+        self._finish(z, lam, pos, neg, members, generators)
+        out_pos = pos[0]
+        out_neg = None if neg is None else neg[0].view(k, n, self.n_negatives, d)
+        return z, out_pos, out_neg
+
+    def _first_accepted(
+        self, z: Tensor, lam: Tensor, counts: list[int], generators: Sequence[torch.Generator]
+    ) -> tuple[Tensor, Tensor]:
+        """Each row's first accepted candidate of its member's ``K`` ``(k, n, d)``, and whether it had one."""
+        k, n, d = z.shape
+        width = max(counts)
+        eps = torch.empty((k, n, width, d), device=z.device, dtype=z.dtype)
+        for i, (count, rng) in enumerate(zip(counts, generators)):
+            if count == width:
+                torch.randn((n, count, d), generator=rng, out=eps[i])
+            else:  # a narrower member: its own K draws, the padding never accepted
+                eps[i, :, :count] = torch.randn((n, count, d), generator=rng, device=z.device, dtype=z.dtype)
+        x = z.unsqueeze(2) + eps * lam.rsqrt()[:, None, None, :]
+        if self.threshold is None:
+            first = x[:, :, 0]
+            return first / first.norm(dim=-1, keepdim=True), torch.ones((k, n), dtype=torch.bool, device=z.device)
+        norm = x.norm(dim=-1)
+        ok = (norm - 1.0).abs() < self.threshold
+        if min(counts) < width:
+            ok &= self._valid(tuple(counts), z.device)[:, None, :]
+        first = ok.to(torch.int8).argmax(dim=-1, keepdim=True)  # the first accepted (0 where none is)
+        chosen = x.gather(2, first.unsqueeze(-1).expand(k, n, 1, d)).squeeze(2)
+        return chosen / norm.gather(2, first), ok.any(dim=-1)
+
+    def _valid(self, counts: tuple[int, ...], device: torch.device) -> Tensor:
+        """``(k, K_max)``: which candidate columns each member drew (built once per set of members)."""
+        if counts not in self._valid_columns:
+            width = torch.arange(max(counts), device=device)
+            self._valid_columns[counts] = width < torch.tensor(counts, device=device)[:, None]
+        return self._valid_columns[counts]
+
+    def _finish(self, z, lam, pos, neg, members, generators) -> None:
+        """Rows that missed all their candidates: drawn exactly by the adaptive sampler, member by member."""
+        hits = [pos[1]] + ([] if neg is None else [neg[1]])
+        if self.threshold is None or bool(torch.stack([h.all() for h in hits]).all()):  # the one host read
+            return
+        for j, (i, rng) in enumerate(zip(members, generators)):
+            parts = [(pos, z[j], lam[j])]
+            if neg is not None:
+                parts.append((neg, z[j].repeat_interleave(self.n_negatives, dim=0), self.lam_neg[i]))
+            for (values, hit), anchors, concentration in parts:
+                rows = (~hit[j]).nonzero().squeeze(1)
+                if rows.numel():
+                    values[j, rows] = dgp.sample_conditional(
+                        anchors[rows], concentration, threshold=self.threshold, generator=rng
+                    )
+                    self.misses += rows.numel()
