@@ -24,6 +24,14 @@ __all__ = [
 ]
 
 
+def _float64(values: Sequence[float] | Tensor) -> np.ndarray:
+    """``values`` as a float64 array: a tensor widened exactly, a list of Python floats kept as it is (not through
+    a float32 tensor)."""
+    if isinstance(values, Tensor):
+        return values.detach().cpu().double().numpy()
+    return np.asarray(values, dtype=float)
+
+
 def _with_bias(x: Tensor) -> Tensor:
     return torch.cat([x, torch.ones(x.shape[0], 1, dtype=x.dtype, device=x.device)], dim=1)
 
@@ -103,8 +111,7 @@ def matched_lambda(
     from scipy.stats import spearmanr
 
     _, rows, cols = matching or match_dimensions(z_hat, z)
-    hat = np.asarray(torch.as_tensor(lambda_hat).detach().cpu(), dtype=float)
-    true = np.asarray(torch.as_tensor(lambda_true).detach().cpu(), dtype=float)
+    hat, true = _float64(lambda_hat), _float64(lambda_true)
     matched = np.empty_like(true)
     matched[cols] = hat[rows]  # latent cols[i] is encoded by output rows[i]
     rho = float("nan") if np.ptp(true) == 0 or np.ptp(matched) == 0 else float(spearmanr(matched, true).statistic)
@@ -117,8 +124,7 @@ def lambda_recovery(lambda_hat: Sequence[float] | Tensor, lambda_true: Sequence[
     Returns both sorted value lists and the largest and mean relative error ``|Λ̂ − Λ| / Λ`` of the
     sorted pairs.
     """
-    hat = np.sort(np.asarray(torch.as_tensor(lambda_hat).detach().cpu(), dtype=float))
-    true = np.sort(np.asarray(torch.as_tensor(lambda_true).detach().cpu(), dtype=float))
+    hat, true = np.sort(_float64(lambda_hat)), np.sort(_float64(lambda_true))
     if hat.shape != true.shape:
         raise ValueError(f"lambda_hat has {hat.size} entries but lambda_true has {true.size}")
     rel = np.abs(hat - true) / true

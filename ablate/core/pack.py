@@ -42,6 +42,7 @@ from ablate.core.batched import adam_update_, linear_nt, member_losses, pack_los
 from ablate.core.experiment import Experiment, NonFiniteLossError
 from ablate.core.fixed_sampler import FixedShapeSampler
 from ablate.core.generator import GENERATOR_SLOPE
+from ablate.core.pack_eval import evaluate_members
 from ablate.core.pack_fields import check_packable
 from ablate.core.pack_state import PackState, backward_into_flat
 from ablate.core.prefetch import Prefetcher
@@ -151,63 +152,75 @@ class PackedExperiment(PackState):
         cfg = self.configs[0]
         return cfg.negative_concentration is not None and step >= cfg.hard_negatives_from_step
 
-    def _latents(self, active: list[int], hard: bool) -> tuple[Tensor | list[Tensor], list[Tensor]]:
+    def _latents(
+        self, active: list[int], hard: bool, rngs: list[torch.Generator] | None = None
+    ) -> tuple[Tensor | list[Tensor], list[Tensor]]:
         """Every active member's latents of one batch, rows laid out as :meth:`Experiment.compute_loss` lays them
-        out, and each member's data generator state after drawing them."""
+        out, and each member's generator state after drawing them; from each member's data generator, or from
+        ``rngs`` (one per member, in order)."""
+        rngs = [self._members[i].data_rng for i in active] if rngs is None else rngs
         if self._sampler is not None:  # sampler: fixed, every member's batch in one pass
-            rngs = [self._members[i].data_rng for i in active]
             z, z_pos, neg = self._sampler.draw(rngs, self.configs[0].batch_size, members=active, hard_negatives=hard)
             latents = torch.cat([z, z_pos] + ([] if neg is None else [neg.flatten(1, 2)]), dim=1)
             return latents, [rng.get_state() for rng in rngs]
-        d, xs, states = self.configs[0].latent_dim, [], []
-        for i in active:
-            m = self._members[i]
-            latents = m.sample_latents(self.configs[0].batch_size, m.data_rng, hard_negatives=hard)
+        d, xs = self.configs[0].latent_dim, []
+        for i, rng in zip(active, rngs):
+            latents = self._members[i].sample_latents(self.configs[0].batch_size, rng, hard_negatives=hard)
             chunks = [t for pair in latents["pairs"] for t in pair]
             if latents["negatives"] is not None:
                 chunks.append(latents["negatives"].reshape(-1, d))
             xs.append(torch.cat(chunks))
-            states.append(m.data_rng.get_state())
-        return xs, states
+        return xs, [rng.get_state() for rng in rngs]
 
     def _draw(self, active: list[int], step: int) -> tuple[Tensor, list[Tensor]]:
         """x = g(latents) of every active member's batch of ``step`` ``(k_active, N, d)``, and each member's data
         generator state after drawing it."""
         xs, states = self._latents(active, self._hard_negatives(step))
-        with torch.no_grad():
-            if self._solo_kernels:  # each member's own g on its own batch, as its solo run draws it
-                return torch.stack([self._members[i].generator(x) for i, x in zip(active, xs)]), states
-            x = torch.stack(xs) if isinstance(xs, list) else xs
-            g = self._generator(active)
-            for layer, w in enumerate(g):
-                x = torch.bmm(x, w.mT)
-                if layer < len(g) - 1:
-                    x = F.leaky_relu(x, GENERATOR_SLOPE)
-        return x, states
+        return self._apply_g(xs, active), states
 
-    def _losses(self, x: Tensor, params: list[Tensor], active: list[int] | None, hard: bool) -> Tensor:
-        """Each computed member's training loss ``(k_active,)`` for the inputs ``x = g(z)``; ``active`` lists the
-        members ``params`` hold (None: all)."""
-        cfg, solo = self.configs[0], self._solo_kernels
+    @torch.no_grad()
+    def _apply_g(self, xs: Tensor | list[Tensor], active: list[int]) -> Tensor:
+        """g of each listed member on its rows of ``xs`` (``(k_active, N, d)`` or one ``(N, d)`` per member)."""
+        if self._solo_kernels:  # each member's own g on its own batch, as its solo run draws it
+            return torch.stack([self._members[i].generator(x) for i, x in zip(active, xs)])
+        x = torch.stack(xs) if isinstance(xs, list) else xs
+        g = self._generator(active)
+        for layer, w in enumerate(g):
+            x = torch.bmm(x, w.mT)
+            if layer < len(g) - 1:
+                x = F.leaky_relu(x, GENERATOR_SLOPE)
+        return x
+
+    def _encode(self, x: Tensor, params: list[Tensor]) -> Tensor:
+        """f of each member ``params`` hold on its rows of ``x`` ``(k, N, d)``."""
+        cfg = self.configs[0]
         n_layers = len(cfg.encoder_widths) + 1
         h = x
         for layer in range(n_layers):
-            h = linear_nt(h, params[2 * layer], params[2 * layer + 1], solo_kernels=solo)
+            h = linear_nt(h, params[2 * layer], params[2 * layer + 1], solo_kernels=self._solo_kernels)
             if layer < n_layers - 1:
                 h = F.leaky_relu(h, self._slope)
-        if cfg.normalize_output:
-            h = F.normalize(h, dim=-1)
+        return F.normalize(h, dim=-1) if cfg.normalize_output else h
+
+    def _losses(
+        self, x: Tensor, params: list[Tensor], active: list[int] | None, hard: bool, rows: Tensor | None = None
+    ) -> Tensor:
+        """Each computed member's training loss ``(k_active,)`` for the inputs ``x = g(z)``; ``active`` lists the
+        members ``params`` hold (None: all), ``rows`` the same indices on the device (built when not given)."""
+        cfg, solo = self.configs[0], self._solo_kernels
+        h = self._encode(x, params)
         members = list(range(self.k)) if active is None else active
+        if active is not None and rows is None:
+            rows = torch.tensor(active, device=self.device)
+        pick = (lambda t: t) if rows is None else (lambda t: t[rows])  # noqa: E731
         lam = self._softplus(params[-1]) if self._learn_lambda else None
         if self._fixed_lambda is not None:
-            lam = self._fixed_lambda[members].to(h.dtype)
+            lam = pick(self._fixed_lambda).to(h.dtype)
         if solo:
             return member_losses(
                 cfg.loss, h, cfg.batch_size, lam=lam, taus=[self.configs[i].tau for i in members],
                 hard_negatives=hard, layout=cfg.infonce_layout, batch_negatives=cfg.batch_negatives,
             )  # fmt: skip
-        idx = None if active is None else torch.tensor(active, device=self.device)
-        pick = (lambda t: t) if idx is None else (lambda t: t[idx])  # noqa: E731
         b, ka = cfg.batch_size, h.shape[0]
         h_neg = h[:, 2 * b :].reshape(ka, b, cfg.n_hard_negatives, -1) if hard else None
         return pack_loss(
@@ -253,7 +266,7 @@ class PackedExperiment(PackState):
             sub = self._flat["params"][rows]
             grad = torch.zeros_like(sub)
             params = self._leaves(sub, grad)
-        losses = self._losses(x, params, None if rows is None else active, self._hard_negatives(step))
+        losses = self._losses(x, params, None if rows is None else active, self._hard_negatives(step), rows)
         backward_into_flat(losses.sum())
         losses = losses.detach()
         factor = self._members[active[0]]._lr_factor(step)
@@ -322,8 +335,10 @@ class PackedExperiment(PackState):
 
     def _summary(self, losses: Tensor, taken: list[int]) -> list[dict[str, Any]]:
         """Each member's result of :meth:`train`, its mean loss over the ``taken`` steps read in one transfer."""
-        valid = torch.arange(losses.shape[0], device=self.device)[:, None] < torch.tensor(taken, device=self.device)
-        means = (torch.where(valid, losses, 0.0).sum(0) / valid.sum(0)).tolist()
+        # each member's mean as its solo run takes it (the mean of its own contiguous losses), read in one transfer
+        trained = [i for i in range(self.k) if taken[i]]
+        means = [losses[: taken[i], i].clone().mean() for i in trained]
+        means = dict(zip(trained, torch.stack(means).tolist())) if means else {}
         out = []
         for i, m in enumerate(self._members):
             status = "failed" if i in self.failed else "frozen" if i in self.frozen else "training"
@@ -332,7 +347,7 @@ class PackedExperiment(PackState):
                 {
                     "step": m.step,
                     "samples_seen": m.step * self.configs[i].batch_size,
-                    "loss": means[i] if taken[i] else float("nan"),
+                    "loss": means.get(i, float("nan")),
                     "lr_now": self.configs[i].lr * factor,
                     "status": status,
                 }
@@ -349,12 +364,20 @@ class PackedExperiment(PackState):
 
     def evaluate(self, members: Sequence[int] | None = None) -> list[dict[str, Any]]:
         """:meth:`Experiment.evaluate` of each member (all, or those listed), in order: the same dict a solo run
-        with the same weights returns."""
-        out = []
-        for i in range(self.k) if members is None else members:
-            self._scatter(i, optimizer=False)
-            out.append(self._members[i].evaluate())
-        return out
+        with the same weights returns. With solo kernels, member by member (to the last bit); on the batched path,
+        the members at one step in one batched evaluation and one transfer (:mod:`.pack_eval`)."""
+        members = list(range(self.k)) if members is None else list(members)
+        if self._solo_kernels:
+            out = []
+            for i in members:
+                self._scatter(i, optimizer=False)
+                out.append(self._members[i].evaluate())
+            return out
+        found: dict[int, dict[str, Any]] = {}
+        for step in sorted({self._members[i].step for i in members}):
+            at_step = [i for i in members if self._members[i].step == step]
+            found.update(zip(at_step, evaluate_members(self, at_step)))
+        return [found[i] for i in members]
 
 
 def member_state(state: dict[str, Any], i: int, device: str = "cpu") -> dict[str, Any]:

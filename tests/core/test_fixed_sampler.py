@@ -103,7 +103,10 @@ def test_candidate_count_is_deterministic_capped_and_refuses_hopeless_acceptance
 
 
 def _config(**kw) -> RunConfig:
-    values = dict(latent_dim=6, batch_size=32, generator_seed=0, device="cpu", sampler="fixed", max_steps=40)
+    values = dict(
+        latent_dim=6, batch_size=32, generator_seed=0, device="cpu", sampler="fixed", max_steps=40,
+        encoder_widths=[10, 10, 10], eval_samples=256, generator_cond_samples=1000,
+    )  # fmt: skip
     return RunConfig(**{**values, **kw})
 
 
