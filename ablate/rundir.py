@@ -46,7 +46,7 @@ from ablate.files import (  # re-exported: the run directory's writes
 from ablate.marker import marker_problem
 from ablate.messages import quote
 from ablate.pidlock import lock_holder
-from ablate.trial_log import failure_count, intact_rows, trial_status
+from ablate.trial_log import ERROR_KEY, failure_count, intact_rows, trial_status
 
 __all__ = [
     "BEST_CONFIG_FILE",
@@ -344,9 +344,7 @@ class RunReader:
                 "failures": failure_count(error),
                 "iteration": None,
                 "pack": packs.get(trial_id),
-                "error": error.get("error")
-                if isinstance(error, dict)
-                else (rows[-1].get("member_error") if rows else None),
+                "error": error.get("error") if isinstance(error, dict) else (rows[-1].get(ERROR_KEY) if rows else None),
             }
         return out
 

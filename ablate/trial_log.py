@@ -15,9 +15,16 @@ from typing import Any
 
 from ablate.files import atomic_write
 
+#: The key of the report that ends a trial whose loss went non-finite (a solo trial's or a pack member's), with the
+#: error's text naming the step. A result of the science, not a crash: the same seed fails at the same step again,
+#: so the trial is never retried and a resume reuses it as it ended.
+ERROR_KEY = "member_error"
+
 __all__ = [
+    "ERROR_KEY",
     "append_row",
     "cut_log",
+    "ended",
     "failure_count",
     "finished",
     "intact_rows",
@@ -139,8 +146,20 @@ def finished(rows: list[dict[str, Any]], max_steps: int, target_r2: float | None
     return target_r2 is not None and isinstance(r2, int | float) and math.isfinite(r2) and r2 >= target_r2
 
 
+def ended(rows: list[dict[str, Any]], max_steps: int, target_r2: float | None = None) -> bool:
+    """Whether a trial has nothing left to train: :func:`finished` at these stop settings, or its loss went
+    non-finite (its last row holds :data:`ERROR_KEY`)."""
+    return finished(rows, max_steps, target_r2) or bool(rows and rows[-1].get(ERROR_KEY))
+
+
 def last_step(path: str | os.PathLike, chunk: int = 1 << 16) -> int | None:
     """The step of the last whole row of a log (reads only its tail), or None when it holds none."""
+    row = last_row(path, chunk)
+    return None if row is None else row["step"]
+
+
+def last_row(path: str | os.PathLike, chunk: int = 1 << 16) -> dict[str, Any] | None:
+    """The last whole row of a log that has a step (reads only its tail), or None when it holds none."""
     path = Path(path)
     if not path.is_file():
         return None
@@ -155,7 +174,7 @@ def last_step(path: str | os.PathLike, chunk: int = 1 << 16) -> int | None:
         except ValueError:
             continue
         if isinstance(row, dict) and isinstance(row.get("step"), int):
-            return row["step"]
+            return row
     return None
 
 
@@ -163,10 +182,10 @@ def trial_status(
     rows: list[dict[str, Any]], max_steps: Any, target_r2: Any, *, error: bool, stopped: bool, live: bool
 ) -> str:
     """A trial's status from its intact ``rows`` and its stop settings: TERMINATED once its log reaches its stop
-    (or its scheduler stopped it, ``stopped``), ERROR when a pack member's loss went non-finite or it failed for
-    good (``error``), PENDING before its first report, else RUNNING while a live driver writes the run
+    (or its scheduler stopped it, ``stopped``), ERROR when its loss went non-finite (:data:`ERROR_KEY`) or it
+    failed for good (``error``), PENDING before its first report, else RUNNING while a live driver writes the run
     (``live``) and INTERRUPTED when none does."""
-    if rows and rows[-1].get("member_error"):
+    if rows and rows[-1].get(ERROR_KEY):
         return "ERROR"
     if isinstance(max_steps, int) and finished(rows, max_steps, target_r2):
         return "TERMINATED"

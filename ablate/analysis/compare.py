@@ -13,6 +13,10 @@ of levels of one axis at every combination of the other axes, how far apart the 
 
 With fewer seeds the verdict says so (``n=1: too few seeds to tell``) and no interval is given: it never reads as
 a difference.
+
+At ``final``, only trials that finished are compared: an errored, interrupted or running trial's last report is at
+another step than a finished one's, so it is left out, and the table says which and why
+(``attrs["left_out"]``, :func:`unfinished_trials`). At a step, every trial that reported there is compared.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ __all__ = [
     "mean_interval",
     "point_table",
     "seed_ci",
+    "unfinished_trials",
     "values_at",
     "welch_interval",
 ]
@@ -202,6 +207,28 @@ def values_at(df: pd.DataFrame, metric: str, at: str | int = "final") -> pd.Data
     return rows.reset_index(drop=True)
 
 
+#: Trial statuses (:func:`ablate.trial_log.trial_status`) whose last report is the trial's end.
+_FINISHED = {"TERMINATED"}
+#: How a left-out trial's status reads.
+_UNFINISHED_WORDS = {"ERROR": "errored", "INTERRUPTED": "interrupted", "RUNNING": "still running"}
+
+
+def unfinished_trials(df: pd.DataFrame) -> dict[str, str]:
+    """trial id → why its last report is not its end (``errored at step 7``, ``interrupted at step 5``), for each
+    trial of the table that did not finish; {} for a table without statuses."""
+    if df.empty or "status" not in df.columns:
+        return {}
+    out = {}
+    for _, row in final_rows(df).iterrows():
+        status = str(row["status"])
+        if status in _FINISHED:
+            continue
+        step = row.get("step")
+        at = f" at step {int(step)}" if step is not None and pd.notna(step) else ""
+        out[str(row["trial_id"])] = f"{_UNFINISHED_WORDS.get(status, status.lower())}{at}"
+    return out
+
+
 def compare(
     df: pd.DataFrame,
     by: str,
@@ -217,11 +244,15 @@ def compare(
 
     ``axes`` defaults to ``df.attrs['axes']`` (the run's grid axes). Levels are paired in natural order (a
     before b). Columns: the other axes, ``a``, ``b``, then :func:`difference`'s keys; ``attrs`` hold ``by``,
-    ``metric``, ``at`` and ``level``. Raises :class:`CompareError` for an unknown axis, metric or step.
+    ``metric``, ``at``, ``level`` and ``left_out`` (at ``final``: the trials that did not finish, left out, with
+    why: :func:`unfinished_trials`). Raises :class:`CompareError` for an unknown axis, metric or step.
     """
     axes = list(axes if axes is not None else df.attrs.get("axes") or [])
     if by not in axes or by not in df.columns:
         raise CompareError(f"--by {by}: not an axis of the run; axes: {', '.join(axes) or '(the run has none)'}")
+    left_out = unfinished_trials(df) if at == "final" else {}
+    if left_out:
+        df = df[~df["trial_id"].astype(str).isin(list(left_out))]
     rows = values_at(df, metric, at)
     others = [a for a in axes if a != by and a in rows.columns]
     records = []
@@ -239,6 +270,7 @@ def compare(
         out = out.sort_values([*others, "a", "b"], key=lambda s: s.map(natural_key), kind="stable")
     out = out.reset_index(drop=True)
     out.attrs.update({"by": by, "metric": metric, "at": at, "level": level, "n_boot": n_boot, "seed": seed})
+    out.attrs["left_out"] = left_out
     return out
 
 

@@ -157,9 +157,17 @@ def cmd_status(args: argparse.Namespace) -> int:
     if info.get("provenance"):
         print(f"made by: {info['provenance']}")
     print(_table(info["trials"]))
-    for trial_id, problem in info["damaged"].items():
-        print(f"trial {trial_id}: {problem}; `ablate run … --resume` runs the missing reports again")
+    for trial_id, error in info["errors"].items():
+        print(f"trial {trial_id} failed: {_one_line(error)}")
+    for trial_id, problem in info["damaged"].items():  # each says what the next `ablate run … --resume` does
+        print(f"trial {trial_id}: {problem}")
     return 0
+
+
+def _one_line(text: str, limit: int = 300) -> str:
+    """``text`` on one line, cut to ``limit`` characters."""
+    line = " ".join(str(text).split())
+    return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
 # ------------------------------------------------- report / export / dashboard

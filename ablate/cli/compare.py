@@ -8,7 +8,7 @@ from typing import Any
 
 from ablate.analysis.text import text_table
 
-__all__ = ["add_compare_parser", "cmd_compare", "compare_rows"]
+__all__ = ["add_compare_parser", "cmd_compare", "compare_rows", "left_out_line"]
 
 
 def _ci(lo: float, hi: float) -> str:
@@ -34,6 +34,20 @@ def compare_rows(table: Any) -> list[dict[str, Any]]:
     return rows
 
 
+#: Left-out trials named in the line; the rest are counted.
+NAMED_LEFT_OUT = 10
+
+
+def left_out_line(left_out: dict[str, str]) -> str:
+    """One line: how many trials did not finish and were left out, each named with why."""
+    named = "; ".join(f"{t} ({why})" for t, why in list(left_out.items())[:NAMED_LEFT_OUT])
+    more = f"; … and {len(left_out) - NAMED_LEFT_OUT} more" if len(left_out) > NAMED_LEFT_OUT else ""
+    return (
+        f"left out: {len(left_out)} trial(s) that did not finish (a last report before the end is not comparable "
+        f"with finished trials'; compare them with --at STEP): {named}{more}"
+    )
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     """Print every pairwise difference of ``--by``'s levels (see :func:`ablate.analysis.compare.compare`)."""
     from ablate.analysis.compare import BOOT_SEED, N_BOOT, compare
@@ -48,6 +62,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
         f"difference = mean(a) − mean(b) over seeds; the verdict reads Welch's t interval (needs ≥ 2 seeds a side); "
         f"bootstrap: {N_BOOT} resamples of each side's seeds, seed {BOOT_SEED}"
     )
+    left_out = table.attrs.get("left_out") or {}
+    if left_out:
+        print(left_out_line(left_out))
     if table.empty:
         print(f"no two levels of {args.by} to compare (one level, or no finished reports yet)")
         return 0

@@ -260,7 +260,7 @@ def _run_dir(root, cells: dict[str, list[float]]) -> str:
         for seed, r2 in enumerate(values):
             trial = root / f"{TRIAL_PREFIX}{variant}_{seed}"
             trial.mkdir()
-            (trial / PARAMS_FILE).write_text(json.dumps({"variant": variant, "seed": seed}))
+            (trial / PARAMS_FILE).write_text(json.dumps({"variant": variant, "seed": seed, "max_steps": 20}))
             rows = [{"training_iteration": i, "step": 10 * i, "r2": r2 * i / 2} for i in (1, 2)]
             (trial / RESULT_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))
     return str(root)
@@ -291,3 +291,46 @@ def test_report_groups_trials_by_grid_point(tmp_path):
     assert "grid points: final R², mean over seeds with its 95 % confidence interval" in page
     assert f'<td>aninfonce</td><td class="num">3</td><td class="num">0.93</td><td>[{lo:.4f}, {hi:.4f}]</td>' in page
     assert '<td>ensemble</td><td class="num">1</td><td class="num">0.98</td><td>n=1: too few seeds</td>' in page
+
+
+def test_compare_leaves_out_trials_that_did_not_finish_and_says_which(tmp_path, capsys):
+    """issue 36: compare pooled an errored trial's last step with the finished trials' without a word. At ``final``
+    a trial that errored (Ray gave up on it, or its loss went non-finite) or was interrupted is left out, named in
+    one line with why, and counted; at a step every trial that reported there is compared."""
+    from ablate.rundir import ERROR_FILE
+
+    run = _run_dir(tmp_path, {"infonce": [0.48, 0.52, 0.47, 0.5], "aninfonce": [0.91, 0.93, 0.95]})
+
+    def log(trial: str, rows: list[dict]) -> None:
+        (tmp_path / f"{TRIAL_PREFIX}{trial}" / RESULT_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    first = {"training_iteration": 1, "step": 10}
+    log("aninfonce_2", [{**first, "r2": 0.1}])  # failed for good at step 10 of 20 (its error beside its log)
+    (tmp_path / f"{TRIAL_PREFIX}aninfonce_2" / ERROR_FILE).write_text(json.dumps({"error": "worker died"}))
+    nan = "NonFiniteLossError: loss became nan at step 13 (seed 0)"
+    log("infonce_0", [{**first, "r2": 0.24}, {"training_iteration": 2, "step": 20, "member_error": nan}])
+    log("infonce_3", [{**first, "r2": 0.3}])  # stopped by a kill at step 10: interrupted
+
+    from ablate.analysis.run import load_run
+
+    table = compare(load_run(run).df, "variant")
+    assert table.attrs["left_out"] == {
+        "aninfonce_2": "errored at step 10",
+        "infonce_0": "errored at step 20",
+        "infonce_3": "interrupted at step 10",
+    }
+    (row,) = table.to_dict("records")
+    assert (row["a"], row["b"], row["n_a"], row["n_b"]) == ("aninfonce", "infonce", 2, 2)
+    assert row["diff"] == pytest.approx((0.91 + 0.93) / 2 - (0.52 + 0.47) / 2)
+
+    assert cli.main(["compare", run, "--by", "variant"]) == 0
+    out = capsys.readouterr().out
+    (line,) = [x for x in out.splitlines() if x.startswith("left out:")]
+    assert line.startswith("left out: 3 trial(s) that did not finish")
+    for part in ("aninfonce_2 (errored at step 10)", "infonce_0 (errored at step 20)", "infonce_3 (interrupted at"):
+        assert part in line
+    assert "2 vs 2" in out and f"{(0.91 + 0.93) / 2 - (0.52 + 0.47) / 2:+.4f}" in out
+
+    assert cli.main(["compare", run, "--by", "variant", "--at", "10"]) == 0  # one step: every trial at it
+    out = capsys.readouterr().out
+    assert "left out" not in out and "3 vs 4" in out

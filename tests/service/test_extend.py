@@ -148,6 +148,53 @@ def test_a_tampered_params_json_is_flagged_and_left_out(smoke, tmp_path, capsys)
     assert "12345" not in capsys.readouterr().out
 
 
+def test_the_hint_after_a_hand_edited_params_json_says_what_resume_does(smoke, tmp_path, capsys):
+    """issue 36: status said `--resume` would run a hand-edited trial's reports again; it reused the finished
+    trial and left it out as before. The hint now reads the plan's own decision; the resume then does just that: a
+    finished trial stays left out, an unfinished one gets its params.json back and continues."""
+    from ablate import cli
+    from ablate.analysis.status import run_status
+
+    run_dir = tmp_path / smoke.name
+    shutil.copytree(smoke, run_dir)
+    finished, unfinished = sorted(p for p in run_dir.glob("trial_*") if p.is_dir())[:2]
+    for victim in (finished, unfinished):
+        params = json.loads((victim / "params.json").read_text())
+        (victim / "params.json").write_text(json.dumps({**params, "lr": 0.5}, indent=2, sort_keys=True))
+    log = unfinished / "result.json"
+    log.write_text(log.read_text().splitlines()[0] + "\n")  # its report at step 5 only: unfinished
+    done, todo = (p.name.removeprefix("trial_") for p in (finished, unfinished))
+
+    hints = run_status(run_dir)["damaged"]
+    assert hints[done] == (
+        "params.json disagrees with the run's record of its point: left out of export, report and compare; "
+        "--resume reuses the trial as finished and leaves its params.json as it is, so it stays left out until its "
+        "params.json holds the recorded settings again (the trial's entry in the run marker's points)"
+    )
+    assert hints[todo] == (
+        "params.json disagrees with the run's record of its point: left out of export, report and compare until "
+        "--resume, which writes its params.json again from the grid's point and continues the trial from its "
+        "newest checkpoint"
+    )
+    capsys.readouterr()
+    assert cli.main(["status", str(run_dir)]) == 0
+    printed = capsys.readouterr().out
+    assert f"trial {done}: {hints[done]}\n" in printed and f"trial {todo}: {hints[todo]}\n" in printed
+    assert "runs the missing reports again" not in printed
+
+    argv = ["run", "batch_vs_dim", "--scale", "smoke", "--storage", str(tmp_path), "--resume", "--no-report"]
+    assert cli.main(argv) == 0
+    assert "4 points: 3 reused, 1 continued, 0 started" in capsys.readouterr().out
+    after = run_status(run_dir)
+    assert after["damaged"] == {done: hints[done]}, "the finished trial stays left out, as the hint said"
+    assert json.loads((finished / "params.json").read_text())["lr"] == 0.5
+    recorded = json.loads((run_dir / "ablate_run.json").read_text())["points"][todo]
+    assert json.loads((unfinished / "params.json").read_text()) == recorded, "written again from the grid's point"
+    df = load_results(run_dir)
+    assert done not in set(df["trial_id"]) and df[df["trial_id"] == todo]["step"].tolist() == [5, 10]
+    assert after["counts"]["finished"] == 4
+
+
 @pytest.mark.ray
 def test_a_pack_member_s_cut_log_is_refilled_on_resume(tmp_path):
     """A packed run stopped mid-way, one member's result.json cut to 5 rows and half a row: --resume continues

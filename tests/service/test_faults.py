@@ -7,7 +7,7 @@ import json
 from ablate.service.execution.runner import run_grid
 from ablate.service.specs.grid import VariantSpec
 from ablate.service.specs.grids import load_grid
-from tests.service.faulty import faulty
+from tests.service.faulty import counting, faulty
 
 
 def _one_trial_grid(**base):
@@ -74,6 +74,62 @@ def test_nonfinite_loss_errors_the_trial_names_the_step_and_keeps_the_others(ray
     assert info["counts"]["errored"] == 1 and info["counts"]["finished"] == 1
 
 
+def test_a_deterministic_nan_is_one_failure_recorded_not_retried(ray_session, tmp_path, capfd, caplog):
+    """issue 36: a loss that goes non-finite was retried --max-failures times (the same seed reaches the same NaN
+    at the same step), with a full Ray traceback each. It is the science's result: the trial trains once, ends
+    with its error in the record (error.json, status, export) and one line on the console; a resume reuses it."""
+    import pandas as pd
+
+    from ablate import cli
+    from ablate.rundir import ERROR_FILE
+
+    grid = _one_trial_grid()
+    grid.variants = [
+        VariantSpec(name="healthy"),
+        VariantSpec(name="diverging", normalize_output=False, lr=1.0e6, lr_lambda=1.0e6),
+    ]
+    log = tmp_path / "trainings.txt"
+    capfd.readouterr()
+    outcome = run_grid(grid, storage=str(tmp_path), name="nan", verbose=0, max_failures=2, trainable=counting(log))
+    console = capfd.readouterr().err
+    trainings = log.read_text().splitlines()
+    assert len(trainings) == 2, f"each trial trains once (the NaN not retried twice): {trainings}"
+    (failed,) = outcome.failed
+    assert failed.params["variant"]["name"] == "diverging" and failed.status == "ERROR"
+    assert failed.error.startswith("NonFiniteLossError: loss became") and " at step " in failed.error
+    (healthy,) = [t for t in outcome.trials if t.status == "TERMINATED"]
+    assert healthy.last["step"] == 25
+    logged = [r.getMessage() for r in caplog.records]
+    assert not [m for m in [*logged, console] if "Traceback" in m or "Trial task failed" in m], console[-3000:]
+    (line,) = [m for m in logged if "NonFiniteLossError" in m]  # the one line (a warning: stderr on the console)
+    assert line.startswith(f"trial {failed.trial_id} failed") and "not retried" in line
+
+    folder = outcome.run_dir / f"trial_{failed.trial_id}"
+    error = json.loads((folder / ERROR_FILE).read_text())
+    assert error == {"error": failed.error, "failures": 1}
+    step = int(failed.error.split(" at step ")[1].split()[0])  # the first non-finite step
+    reported = -(-step // 5) * 5  # the end of its report period (report_every 5): the trial's last row
+
+    assert cli.main(["status", str(outcome.run_dir)]) == 0
+    status = capfd.readouterr().out
+    assert "finished: 1" in status and "errored: 1" in status
+    assert f"trial {failed.trial_id} failed: {failed.error}" in status
+    from ablate.analysis.status import run_status
+
+    (trial,) = [r for r in run_status(outcome.run_dir)["trials"] if r["status"] == "ERROR"]
+    assert trial["failures"] == 1 and trial["step"] == reported
+
+    assert cli.main(["export", str(outcome.run_dir)]) == 0
+    export = pd.read_csv(outcome.run_dir / "results.csv")
+    last = export[export["trial_id"] == failed.trial_id].iloc[-1]
+    assert last["status"] == "ERROR" and last["step"] == reported and f"at step {step} " in last["member_error"]
+
+    log.unlink()
+    again = run_grid(grid, storage=str(tmp_path), name="nan", verbose=0, max_failures=2, trainable=counting(log))
+    assert len(again.plan.reused) == 2 and not again.plan.units and not log.exists(), "a resume reuses it as it ended"
+    assert json.loads((folder / ERROR_FILE).read_text())["failures"] == 1
+
+
 def test_resume_refusals(tmp_path, capsys):
     from ablate import cli
 
@@ -119,9 +175,18 @@ def test_nonfinite_trial_under_optuna_is_recorded_as_failed(ray_session, tmp_pat
         "optuna: {space: {lr: {choice: [1.0e+30]}}, num_samples: 2, grace_period: 1}\n"
         "stop: {max_steps: 15}\nscales: {smoke: {}, laptop: {}, paper: {}}\n"
     )
-    outcome = run_grid(load(str(path), "smoke"), storage=str(tmp_path), verbose=0, max_failures=0)
+    outcome = run_grid(load(str(path), "smoke"), storage=str(tmp_path), verbose=0, max_failures=2)
     # both samples draw the one choice: one setting, one trial (the second waited for the first, then failed too)
     assert len(outcome.trials) == 1
     for t in outcome.trials:
         assert t.status == "ERROR" and "NonFiniteLossError" in (t.error or ""), (t.status, t.error, t.last)
+        error = json.loads((outcome.run_dir / f"trial_{t.trial_id}" / "error.json").read_text())
+        assert error["failures"] == 1, "a non-finite loss is not retried (--max-failures 2)"
     assert outcome.best_config is None
+    import optuna
+
+    from ablate.rundir import optuna_storage_url
+
+    study = optuna.load_study(study_name="diverging", storage=optuna_storage_url(str(outcome.run_dir)))
+    states = [t.state for t in study.get_trials(deepcopy=False)]
+    assert states == [optuna.trial.TrialState.FAIL] * 2, states  # as for a trial that raised, never COMPLETE

@@ -13,7 +13,7 @@ from ray.tune import Callback
 from ablate.rundir import PARAMS_FILE, RESULT_FILE, STOPPED_FILE, TRIAL_PREFIX, atomic_write
 from ablate.service.records.trial import ERROR_FILE, record_of
 from ablate.service.specs.params import PACK_KEY, RECORD_KEY, config_from_params, flat_params, pack_members
-from ablate.trial_log import append_row, finished, intact_rows, json_text, read_rows, seconds_of
+from ablate.trial_log import ERROR_KEY, append_row, finished, intact_rows, json_text, last_row, read_rows, seconds_of
 
 __all__ = ["ResultLog"]
 
@@ -28,6 +28,9 @@ class ResultLog(Callback):
     rows at and after the step it reports are dropped first, so the log holds each report once and its steps
     rise. ``training_iteration`` is the row's place in the log and ``time_total_s`` adds the time of the rows
     before this driver's first report of the trial, so both run on across resumes as in one unbroken run.
+
+    A report that ends a trial whose loss went non-finite (:data:`ablate.trial_log.ERROR_KEY`) is its error: it is
+    written beside the log (``error.json``, as for a trial that failed for good) and said in one line.
     """
 
     def __init__(self):
@@ -69,11 +72,16 @@ class ResultLog(Callback):
             row["time_total_s"] = row["time_total_s"] + self._offset[key]
         append_row(path, row)
         self._known[key] = (known[0] + 1, step if isinstance(step, int) else known[1])
+        if row.get(ERROR_KEY):
+            _write_error(folder, str(row[ERROR_KEY]), 1)
+            why = "recorded; not retried, its seed fails the same way"
+            _log.warning("trial %s failed (%s): %s", row["trial_id"], why, row[ERROR_KEY])
 
     def on_trial_start(self, iteration, trials, trial, **info):
         for folder in _folders(trial):
             folder.mkdir(parents=True, exist_ok=True)
-            (folder / ERROR_FILE).unlink(missing_ok=True)
+            if not (last_row(folder / RESULT_FILE) or {}).get(ERROR_KEY):  # a failed pack member's error stays
+                (folder / ERROR_FILE).unlink(missing_ok=True)
             (folder / STOPPED_FILE).unlink(missing_ok=True)
             if not (folder / PARAMS_FILE).exists():  # a search's trial (a grid's points were written by the plan)
                 params = {k: v for k, v in flat_params(trial.config).items() if k != RECORD_KEY}
@@ -88,7 +96,7 @@ class ResultLog(Callback):
         config = config_from_params(flat_params(trial.config))
         for folder in _folders(trial):
             rows = intact_rows(read_rows(folder / RESULT_FILE))
-            if rows and not finished(rows, config.max_steps, config.target_r2):
+            if rows and not finished(rows, config.max_steps, config.target_r2) and not rows[-1].get(ERROR_KEY):
                 text = json.dumps({"by": "the scheduler", "step": rows[-1]["step"]}, indent=1)
                 atomic_write(folder / STOPPED_FILE, lambda p, t=text: p.write_text(t))
 
@@ -100,12 +108,16 @@ class ResultLog(Callback):
             trace = ""
         lines = [line.strip() for line in str(trace).splitlines() if line.strip()]
         failures = getattr(trial, "num_failures", 1)  # Tune's count: the first failure and each retry's
-        error = {"error": (lines[-1] if lines else "the trial failed")[-2000:], "failures": max(int(failures or 1), 1)}
-        text = json.dumps(error, indent=1)
         for folder in _folders(trial):
-            if folder.is_dir():
-                with contextlib.suppress(OSError):  # a full disk: the run's outcome still names the error
-                    atomic_write(folder / ERROR_FILE, lambda p, t=text: p.write_text(t))
+            _write_error(folder, lines[-1] if lines else "the trial failed", max(int(failures or 1), 1))
+
+
+def _write_error(folder: Path, error: str, failures: int) -> None:
+    """A trial's error beside its log (``error.json``: its last line and how often it failed in this driver)."""
+    text = json.dumps({"error": error[-2000:], "failures": failures}, indent=1)
+    if folder.is_dir():
+        with contextlib.suppress(OSError):  # a full disk: the run's outcome still names the error
+            atomic_write(folder / ERROR_FILE, lambda p: p.write_text(text))
 
 
 def _settings(params: dict[str, Any]) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from ray.tune.schedulers import ASHAScheduler
 
 from ablate.rundir import PARAMS_FILE, RESULT_FILE, TRIAL_PREFIX
 from ablate.service.records.trial import record_of
-from ablate.trial_log import intact_rows, read_rows, seconds_of
+from ablate.trial_log import ERROR_KEY, intact_rows, read_rows, seconds_of
 
 __all__ = ["RecordASHA"]
 
@@ -58,7 +58,8 @@ class RecordASHA(ASHAScheduler):
             record = _Record(folder.name.removeprefix(TRIAL_PREFIX))
             super().on_trial_add(None, record)
             for row in rows:
-                super().on_trial_result(None, record, row)
+                if not row.get(ERROR_KEY):  # a loss that went non-finite is no rung result
+                    super().on_trial_result(None, record, row)
             super().on_trial_remove(None, record)
             n += 1
         return n
@@ -71,9 +72,14 @@ class RecordASHA(ASHAScheduler):
         self._holders[record.trial_id] += 1
 
     def on_trial_result(self, tune_controller, trial, result):
+        if result and result.get(ERROR_KEY):  # its last report (done): no rung result
+            return self.CONTINUE
         return super().on_trial_result(tune_controller, self._record(trial), self._in_log(trial, result))
 
     def on_trial_complete(self, tune_controller, trial, result):
+        if result and result.get(ERROR_KEY):  # its loss went non-finite: it leaves the rungs as a removed trial
+            self.on_trial_remove(tune_controller, trial)
+            return
         record = self._record(trial)
         if self._release(record):
             super().on_trial_complete(tune_controller, record, self._in_log(trial, result))

@@ -314,7 +314,8 @@ def _param_space(grid: Grid, plan: Plan | None, run_dir: str, keep: int) -> dict
     if plan is not None:
         return {}
     space = grid.param_space()
-    space[RECORD_KEY] = {"dir": run_dir, "keep": keep, "shown": grid.axis_names()}
+    metric = grid.optuna.metric if grid.optuna is not None else None  # a trial that fails reports it (as NaN)
+    space[RECORD_KEY] = {"dir": run_dir, "keep": keep, "shown": grid.axis_names(), "metric": metric}
     return space
 
 

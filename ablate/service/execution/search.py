@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
 from ablate.rundir import BEST_CONFIG_FILE, OPTUNA_DB, RESULT_FILE, TRIAL_PREFIX, optuna_storage_url
 from ablate.service.records.trial import record_of
 from ablate.service.specs.grids import Grid, n_reports
+from ablate.trial_log import ERROR_KEY
 
 __all__ = [
     "check_study",
@@ -125,6 +127,20 @@ def unit_searcher(units: list[dict[str, Any]]):
     return UnitSearcher()
 
 
+def _optuna_search(**kwargs: Any):
+    """Ray's ``OptunaSearch`` that tells the study a trial whose loss went non-finite (its last report holds
+    :data:`ablate.trial_log.ERROR_KEY`) FAILED, as for a trial that raised, not a value of NaN."""
+    from ray.tune.search.optuna import OptunaSearch
+
+    class RecordOptunaSearch(OptunaSearch):
+        def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
+            if result and result.get(ERROR_KEY):
+                result, error = None, True
+            super().on_trial_complete(trial_id, result=result, error=error)
+
+    return RecordOptunaSearch(**kwargs)
+
+
 def tune_config(
     grid: Grid,
     max_concurrent: int | None,
@@ -154,7 +170,6 @@ def tune_config(
         )
     from ray.tune.schedulers import ASHAScheduler
     from ray.tune.search import ConcurrencyLimiter
-    from ray.tune.search.optuna import OptunaSearch
 
     opt = grid.optuna
     assert opt is not None  # search: optuna
@@ -166,7 +181,7 @@ def tune_config(
         study = _study(grid, run_dir)
         tried = 0 if study is None else len(study.get_trials(deepcopy=False))
         storage = optuna.storages.RDBStorage(optuna_storage_url(run_dir))
-    searcher = OptunaSearch(
+    searcher = _optuna_search(
         metric=opt.metric,
         mode=opt.mode,
         # a later run of the search draws on from where the study is: with the first run's seed, the sampler's
@@ -219,6 +234,10 @@ def seconds_to_target(trial_dir: str | Path, metric: str, target: float) -> tupl
     return None
 
 
+def _finite(value: Any) -> bool:
+    return isinstance(value, int | float) and math.isfinite(value)
+
+
 def save_best(grid: Grid, run_dir: str) -> dict[str, Any] | None:
     """The best trial of an Optuna grid (metric, value, searched settings, steps), from the run's trial folders;
     written to best_config.json.
@@ -252,7 +271,7 @@ def save_best(grid: Grid, run_dir: str) -> dict[str, Any] | None:
         seconds, step, name, params, rows = fastest
         ranked_by = f"fewest seconds of training to r2 >= {target:g}"
     else:
-        scored = [t for t in trials if isinstance(t[2][-1].get(opt.metric), int | float)]
+        scored = [t for t in trials if _finite(t[2][-1].get(opt.metric)) and not t[2][-1].get(ERROR_KEY)]
         if not scored:
             return None
         pick = max if opt.mode == "max" else min

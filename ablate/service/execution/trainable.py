@@ -5,6 +5,10 @@ Trainable writes the experiment's state into its trial's own folder in the run d
 (``checkpoint_<step>/state.pt``, atomically, loadable with ``weights_only=True``; :mod:`ablate.service.records.trial`),
 and at setup it continues from the newest one its result log covers: a resumed or extended run, or Ray's retry of
 a failed trial, continues from ablate's files, never from Ray's.
+
+A loss that goes non-finite is a result of the science, not a crash (the same seed reaches it at the same step
+again): the trial reports it once (:data:`ablate.trial_log.ERROR_KEY`, naming the step) and ends, as a pack's
+member does; Ray does not retry it. Any other exception is Ray's to retry (``--max-failures``).
 """
 
 from __future__ import annotations
@@ -20,14 +24,14 @@ import torch
 from ray import tune
 
 from ablate import ray_compat
-from ablate.core.experiment import Experiment
+from ablate.core.experiment import Experiment, NonFiniteLossError
 from ablate.pidlock import LockHeld, PidLock
 from ablate.rundir import RESULT_FILE, TRIAL_PREFIX, atomic_write
 from ablate.service.execution.spare_cores import SpareCoreMeter
 from ablate.service.records.trial import CHECKPOINT_FILE, load_state, record_of, resume_point, solo_covered
 from ablate.service.records.trial import write_checkpoint as write_checkpoint_at_step
 from ablate.service.specs.params import PACK_KEY, config_from_params, flat_params
-from ablate.trial_log import finished, intact_rows, last_step, read_rows
+from ablate.trial_log import ERROR_KEY, ended, intact_rows, last_step, read_rows
 
 __all__ = ["AblateTrainable", "CHECKPOINT_FILE", "load_state", "write_checkpoint"]
 
@@ -84,14 +88,17 @@ class AblateTrainable(tune.Trainable):
         torch.set_num_threads(max(1, int(round(cpus))))
 
     def step(self) -> dict[str, Any]:
-        if self._finished_row is not None:  # a search's repeat of a setting the run finished: its last report
+        if self._finished_row is not None:  # a search's repeat of a setting the run finished or failed: its end
             return {**self._finished_row, "done": True}
         cfg = self.run_config
         n = min(cfg.report_every, cfg.max_steps - self.experiment.step)
         spare = self._spare_cores.spare()
         # the prefetch thread only where it gets an idle core (same numbers either way; see spare_cores.py)
         self.experiment.prefetch = spare is not None and spare >= SPARE_CORES_FOR_PREFETCH
-        result = self.experiment.train(n)
+        try:
+            result = self.experiment.train(n)
+        except NonFiniteLossError as exc:  # ends the trial with its error; no checkpoint of non-finite weights
+            return self._error_row(exc)
         result["prefetch"] = self.experiment.prefetch
         result.update(self.experiment.evaluate())
         self.latest_r2 = result["r2"]
@@ -99,6 +106,15 @@ class AblateTrainable(tune.Trainable):
         result["done"] = self.experiment.step >= cfg.max_steps or reached
         self._save_to_record()
         return result
+
+    def _error_row(self, exc: NonFiniteLossError) -> dict[str, Any]:
+        """The trial's last report after its loss went non-finite: the step, the error, done. A search's metric is
+        in it as NaN (Ray Tune wants it in every report; the search counts the trial as failed, not by it)."""
+        row: dict[str, Any] = {"step": self.experiment.step, ERROR_KEY: f"{type(exc).__name__}: {exc}", "done": True}
+        metric = (self._record or {}).get("metric") if self._record_dir() is not None else None
+        if isinstance(metric, str):
+            row[metric] = float("nan")
+        return row
 
     def save_checkpoint(self, checkpoint_dir: str) -> None:
         """Ray's own checkpoint (not used by ablate's runs, which keep their checkpoints in the trial's record)."""
@@ -132,7 +148,7 @@ class AblateTrainable(tune.Trainable):
             return
         self._lock_record(folder)
         rows = intact_rows(read_rows(folder / RESULT_FILE))
-        if finished(rows, self.run_config.max_steps, self.run_config.target_r2) and PACK_KEY not in self.params:
+        if ended(rows, self.run_config.max_steps, self.run_config.target_r2) and PACK_KEY not in self.params:
             self._finished_row = {k: v for k, v in rows[-1].items() if k not in _RAY_KEYS}
             return
         state = resume_point(folder, self._covered(), self.experiment.device)

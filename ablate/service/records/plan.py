@@ -36,9 +36,9 @@ from ablate.service.records.trial import (
 from ablate.service.specs.costs import costliest_first
 from ablate.service.specs.grids import Grid
 from ablate.service.specs.params import RECORD_KEY, config_from_params
-from ablate.trial_log import cut_log, finished, intact_rows, read_rows
+from ablate.trial_log import cut_log, ended, intact_rows, read_rows
 
-__all__ = ["Plan", "Point", "RECORD_KEY", "grid_points", "plan_run"]
+__all__ = ["Plan", "Point", "RECORD_KEY", "decide", "grid_points", "plan_run"]
 
 _log = logging.getLogger("ablate.service.records.plan")
 
@@ -112,9 +112,13 @@ def _rows(run_dir: Path, trial_id: str) -> list[dict[str, Any]]:
     return intact_rows(read_rows(run_dir / f"{TRIAL_PREFIX}{trial_id}" / RESULT_FILE))
 
 
-def _done(point: Point, rows: list[dict[str, Any]]) -> bool:
-    """Finished at the point's stop settings, or a pack member whose loss went non-finite (it stays failed)."""
-    return finished(rows, point.config.max_steps, point.config.target_r2) or bool(rows and rows[-1].get("member_error"))
+def decide(config: RunConfig, rows: list[dict[str, Any]]) -> str:
+    """What a run does with a point's trial, from its settings and its log's intact ``rows``: ``"reuse"`` (finished
+    at these stop settings, or its loss went non-finite: it stays failed), ``"continue"`` (it has reports: from its
+    newest checkpoint its log covers) or ``"start"``. :func:`plan_run` acts on it; ``ablate status`` says it."""
+    if ended(rows, config.max_steps, config.target_r2):
+        return "reuse"
+    return "continue" if rows else "start"
 
 
 def _write_params(run_dir: Path, point: Point) -> None:
@@ -179,12 +183,12 @@ def plan_run(grid: Grid, run_dir: str | Path, *, pack: int = 1, keep: int = 2) -
     logs = {p.trial_id: _rows(run_dir, p.trial_id) for p in points}
     _check_budget(points, logs)
     for p in points:
-        rows = logs[p.trial_id]
-        if _done(p, rows):
+        action = decide(p.config, logs[p.trial_id])
+        if action == "reuse":
             plan.reused.append(p.trial_id)
             continue
         _write_params(run_dir, p)
-        (plan.continued if rows else plan.started).append(p.trial_id)
+        (plan.continued if action == "continue" else plan.started).append(p.trial_id)
         todo.append(p)
     record = {"dir": str(run_dir), "keep": keep}
     if pack > 1:
