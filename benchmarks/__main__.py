@@ -99,7 +99,22 @@ def bench_sampler(d: int, lam: float, n: int = 20000) -> dict:
         rate = n / (time.perf_counter() - t)
     except dgp.LowAcceptanceError:
         rate = float("nan")
-    return {"d": d, "lambda": lam, "samples_per_s": rate, "acceptance": accept}
+    # sampler: fixed, at the fast preset's batch of 512 (its K, and so its memory cap, depends on the batch)
+    from ablate.core.fixed_sampler import FixedShapeSampler
+
+    try:
+        fixed = FixedShapeSampler(torch.full((1, d), float(lam)), None, batch_size=512)
+        t, drawn = time.perf_counter(), 0
+        while drawn < n:
+            fixed.draw([gen], 512)
+            drawn += 512
+        fixed_rate, candidates = drawn / (time.perf_counter() - t), fixed.candidates[0]
+    except dgp.LowAcceptanceError:
+        fixed_rate, candidates = float("nan"), 0
+    return {
+        "d": d, "lambda": lam, "samples_per_s": rate, "acceptance": accept,
+        "fixed_samples_per_s": fixed_rate, "fixed_K": candidates,
+    }  # fmt: skip
 
 
 def _peak_rss_child(batch: int) -> None:
