@@ -123,22 +123,23 @@ def part_step(limits: list[dict], quick: bool) -> list[dict]:
         return _skip("the training step")
     peak = {r["precision"]: r["tflops"] for r in limits if r["n"] == 8192}
     rows = []
-    for batch in (1000, 8192):
-        for tf32 in (False, True):
-            torch.backends.cuda.matmul.allow_tf32 = tf32
-            exp = _experiment({**REFERENCE, "batch_size": batch})
-            ms = ms_per_step(exp, 50 if quick else 200)
-            tflops = _step_flops(exp) / (ms / 1e3) / 1e12
-            prec = "tf32" if tf32 else "fp32"
-            rows.append(
-                {
-                    "batch": batch,
-                    "precision": prec,
-                    "ms_per_step": ms,
-                    "tflops": tflops,
-                    "ratio_to_limit": tflops / peak[prec],
-                }
-            )
+    cases = [(b, tf32, "adaptive") for b in (1000, 8192) for tf32 in (False, True)] + [(1000, False, "fixed")]
+    for batch, tf32, sampler in cases:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        exp = _experiment({**REFERENCE, "batch_size": batch, "sampler": sampler})
+        ms = ms_per_step(exp, 50 if quick else 200)
+        tflops = _step_flops(exp) / (ms / 1e3) / 1e12
+        prec = "tf32" if tf32 else "fp32"
+        rows.append(
+            {
+                "batch": batch,
+                "sampler": sampler,
+                "precision": prec,
+                "ms_per_step": ms,
+                "tflops": tflops,
+                "ratio_to_limit": tflops / peak[prec],
+            }
+        )
     torch.backends.cuda.matmul.allow_tf32 = False
     return rows
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check, in two parts that each fit one call to a lent GPU machine (under 270 s each), part 1 first:
 #   bash benchmarks/gpu_check.sh OUT --part 1    Ray sees the GPU; matmul limit; single-trial step; the same 8 points
-#                                                one trial per GPU, --gpus-per-trial 0.125 and --pack 8
+#                                                one trial per GPU, --gpus-per-trial 0.125, --pack 8, and --pack 8
+#                                                with --set sampler=fixed
 #   bash benchmarks/gpu_check.sh OUT --part 2    --pack auto on 32 points; claim 9 at batch 6144; claim 1 at batch 8192
 # from the repository root. A machine without network gets Ray from .carry/site.tar.xz (built by
 # `bash benchmarks/gpu_bundle.sh`; carry .carry with the call): it is unpacked to /tmp/ablate-site and put on

@@ -50,7 +50,12 @@ PACK_RUNS = [
     RunSpec("one_trial_per_gpu", str(GRIDS / "gpu_pack8.yaml"), ["--gpus-per-trial", "1"], expected=1),
     RunSpec("fraction_0.125", str(GRIDS / "gpu_pack8.yaml"), ["--gpus-per-trial", "0.125"], expected=8),
     RunSpec("pack8", str(GRIDS / "gpu_pack8.yaml"), ["--pack", "8", "--gpus-per-trial", "1"], expected=8),
-]
+    # the pack step of 2026-11-28 with its fixed-shape sampler: one host read per step (docs/performance.md)
+    RunSpec(
+        "pack8_fixed_sampler", str(GRIDS / "gpu_pack8.yaml"),
+        ["--pack", "8", "--gpus-per-trial", "1", "--set", "sampler=fixed"], expected=8,
+    ),
+]  # fmt: skip
 #: Part 2: 32 points with ``--pack auto``.
 PACK_AUTO = RunSpec("pack_auto_32", str(GRIDS / "gpu_pack32.yaml"), ["--pack", "auto", "--gpus-per-trial", "1"], 32)
 #: Part 2: claim 9 (Zimmermann et al. 2021 Table 1 row 1 at the reference batch 6144, its seeds in one pack) and
