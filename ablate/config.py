@@ -31,7 +31,6 @@ __all__ = [
     "BUILTIN_PARTS",
     "LATER_FIELDS",
     "LOSS_NAMES",
-    "PLUGIN_FIELDS",
     "REFERENCE_WIDTHS",
     "RESUME_MAY_CHANGE",
     "RunConfig",
@@ -52,20 +51,17 @@ BUILTIN_PARTS = {
     "encoder": ("mlp",),
 }
 
-#: Fields that name a part or pass options to a plugin's: left out of :meth:`RunConfig.science` while they hold
-#: their default, so the keys of runs made before plugins existed do not change.
-PLUGIN_FIELDS = {
+#: Science fields added after runs existed (a part's name or a plugin's options; the sampler), with the value those
+#: runs used: left out of :meth:`RunConfig.science` while they hold it, so the keys of earlier runs do not change.
+LATER_FIELDS = {
     "loss_options": {},
     "conditional_options": {},
     "generator": "invertible_mlp",
     "generator_options": {},
     "encoder": "mlp",
     "encoder_options": {},
+    "sampler": "adaptive",
 }
-
-#: Science fields added after runs existed, with the value those runs used: left out of :meth:`RunConfig.science`
-#: while they hold it, so the keys of earlier runs do not change and such a run keeps what it was made with.
-LATER_FIELDS = {**PLUGIN_FIELDS, "sampler": "adaptive"}
 
 #: Settings a run may change when it resumes from a checkpoint: its budget, how often and how finely it reports,
 #: and where it runs. Every other field is a science field (:meth:`RunConfig.science_fields`).
@@ -168,11 +164,9 @@ class RunConfig(BaseModel):
         default=0.1, gt=0, description="reject draws with |‖z+ε‖−1| ≥ threshold (reference: 0.1); null = none"
     )
     sampler: Literal["adaptive", "fixed"] = Field(
-        default="adaptive",
-        description="rejection sampler of the normal conditional: 'adaptive' (the papers': rounds sized by the "
-        "acceptance so far) or 'fixed' (one fixed-shape draw per batch, misses finished exactly; the same law, "
-        "another data stream, one host read per batch: for GPUs)",
-    )
+        default="adaptive", description="normal conditional's rejection sampler: the papers' 'adaptive' rounds, or "
+        "'fixed' shapes (the same law, another data stream, one host read per batch: for GPUs)",
+    )  # fmt: skip
     negative_concentration: ConcentrationSpec | None = Field(
         default=None, description="Λ⁻ of hard negatives (Cor. B.1); null = no hard negatives"
     )
@@ -288,8 +282,7 @@ class RunConfig(BaseModel):
         resolve_concentration(self.concentration, d, "concentration")
         if self.sampler != "adaptive" and self.conditional != "normal":
             raise ConfigError(
-                f"sampler: {self.sampler!r} applies to the normal conditional only, got conditional "
-                f"{self.conditional!r} (leave sampler at 'adaptive')"
+                f"sampler: {self.sampler!r} applies to the normal conditional only, got {self.conditional!r}"
             )
         if self.infonce_layout != "symmetric" and self.loss != "infonce":
             raise ConfigError(

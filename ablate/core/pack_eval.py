@@ -14,7 +14,7 @@ with the rest. Pure torch and numpy: no I/O.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -27,8 +27,8 @@ from ablate.core.batched import pack_loss
 from ablate.core.experiment import _EVAL_STREAM, _OVERLAP_SAMPLES
 from ablate.core.losses import floor_loss
 
-if TYPE_CHECKING:
-    from ablate.core.pack import PackedExperiment
+#: A :class:`ablate.core.pack.PackedExperiment` (not imported: the pack imports this module).
+PackedExperiment = Any
 
 __all__ = ["evaluate_members", "histograms"]
 

@@ -186,7 +186,7 @@ class PackTrainable(AblateTrainable):
             result[key] = sum(values) / len(values) if values else float("nan")
         self.latest_r2 = result["r2"]
         result["done"] = not pack.active
-        self._save_to_record()
+        self._save_to_record(final=result["done"])
         return result
 
     def __repr__(self) -> str:

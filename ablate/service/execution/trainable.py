@@ -28,8 +28,8 @@ from ablate.core.experiment import Experiment, NonFiniteLossError
 from ablate.pidlock import LockHeld, PidLock
 from ablate.rundir import RESULT_FILE, TRIAL_PREFIX, atomic_write
 from ablate.service.execution.spare_cores import SpareCoreMeter
+from ablate.service.records.checkpoint_writer import CheckpointWriter
 from ablate.service.records.trial import CHECKPOINT_FILE, load_state, record_of, resume_point, solo_covered
-from ablate.service.records.trial import write_checkpoint as write_checkpoint_at_step
 from ablate.service.specs.params import PACK_KEY, config_from_params, flat_params
 from ablate.trial_log import ERROR_KEY, ended, intact_rows, last_step, read_rows
 
@@ -104,7 +104,7 @@ class AblateTrainable(tune.Trainable):
         self.latest_r2 = result["r2"]
         reached = cfg.target_r2 is not None and result["r2"] >= cfg.target_r2
         result["done"] = self.experiment.step >= cfg.max_steps or reached
-        self._save_to_record()
+        self._save_to_record(final=result["done"])
         return result
 
     def _error_row(self, exc: NonFiniteLossError) -> dict[str, Any]:
@@ -171,6 +171,13 @@ class AblateTrainable(tune.Trainable):
                 time.sleep(1.0)
 
     def _release_record(self) -> None:
+        """Finish the checkpoint in flight (a stop, a signal, another trial on this actor), then unlock the folder."""
+        writer, self._writer = getattr(self, "_writer", None), None
+        if writer is not None:
+            try:
+                writer.wait()
+            except Exception as exc:  # noqa: BLE001 - the trial is ending; the error of its last write is logged
+                _log.warning("trial %s: its last checkpoint was not written: %s", self.trial_name, exc)
         lock, self._record_lock = getattr(self, "_record_lock", None), None
         if lock is not None:
             lock.release()
@@ -183,13 +190,19 @@ class AblateTrainable(tune.Trainable):
         assert folder is not None
         return solo_covered(read_rows(folder / RESULT_FILE))
 
-    def _save_to_record(self) -> None:
-        """The checkpoint after a report, in the trial's own folder (before Ray hands the report to the driver,
-        which logs it: a checkpoint counts once its report is in the log)."""
+    def _save_to_record(self, final: bool = False) -> None:
+        """The checkpoint after a report, in the trial's own folder, written by a thread while the next steps train
+        (:mod:`ablate.service.records.checkpoint_writer`; a checkpoint counts once its report is in the log and its
+        file is whole); the ``final`` report's is on disk before the report goes to Ray."""
         folder = self._record_dir()
-        if folder is not None:
-            keep = int(self._record.get("keep", 2))
-            write_checkpoint_at_step(folder, self.experiment.state_dict(), keep, self._logged_step())
+        if folder is None:
+            return
+        writer = getattr(self, "_writer", None)
+        if writer is None or writer.trial_dir != folder:  # one per record (_release_record finishes it)
+            if writer is not None:
+                writer.wait()
+            self._writer = writer = CheckpointWriter(folder, int(self._record.get("keep", 2)))
+        writer.submit(self.experiment.state_dict(), self._logged_step(), wait=final)
 
     def _logged_step(self) -> int | None:
         """The step up to which the trial's log holds its reports (a pack: its members' least)."""
