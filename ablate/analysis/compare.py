@@ -15,8 +15,9 @@ With fewer seeds the verdict says so (``n=1: too few seeds to tell``) and no int
 a difference.
 
 At ``final``, only trials that finished are compared: an errored, interrupted or running trial's last report is at
-another step than a finished one's, so it is left out, and the table says which and why
-(``attrs["left_out"]``, :func:`unfinished_trials`). At a step, every trial that reported there is compared.
+another step than a finished one's, so it is left out, and the table says which and why (``attrs["left_out"]``,
+:func:`ablate.analysis.finished.unfinished_trials`, the rule the claims and the report share). At a step, every
+trial that reported there is compared.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from ablate.analysis.finished import finished_only, unfinished_trials
 from ablate.analysis.run import final_rows
 from ablate.rundir import RunError
 from ablate.service.specs.grids import natural_key
@@ -207,28 +209,6 @@ def values_at(df: pd.DataFrame, metric: str, at: str | int = "final") -> pd.Data
     return rows.reset_index(drop=True)
 
 
-#: Trial statuses (:func:`ablate.trial_log.trial_status`) whose last report is the trial's end.
-_FINISHED = {"TERMINATED"}
-#: How a left-out trial's status reads.
-_UNFINISHED_WORDS = {"ERROR": "errored", "INTERRUPTED": "interrupted", "RUNNING": "still running"}
-
-
-def unfinished_trials(df: pd.DataFrame) -> dict[str, str]:
-    """trial id → why its last report is not its end (``errored at step 7``, ``interrupted at step 5``), for each
-    trial of the table that did not finish; {} for a table without statuses."""
-    if df.empty or "status" not in df.columns:
-        return {}
-    out = {}
-    for _, row in final_rows(df).iterrows():
-        status = str(row["status"])
-        if status in _FINISHED:
-            continue
-        step = row.get("step")
-        at = f" at step {int(step)}" if step is not None and pd.notna(step) else ""
-        out[str(row["trial_id"])] = f"{_UNFINISHED_WORDS.get(status, status.lower())}{at}"
-    return out
-
-
 def compare(
     df: pd.DataFrame,
     by: str,
@@ -251,8 +231,8 @@ def compare(
     if by not in axes or by not in df.columns:
         raise CompareError(f"--by {by}: not an axis of the run; axes: {', '.join(axes) or '(the run has none)'}")
     left_out = unfinished_trials(df) if at == "final" else {}
-    if left_out:
-        df = df[~df["trial_id"].astype(str).isin(list(left_out))]
+    if at == "final":
+        df = finished_only(df)
     rows = values_at(df, metric, at)
     others = [a for a in axes if a != by and a in rows.columns]
     records = []
@@ -288,13 +268,19 @@ def seed_ci(df: pd.DataFrame, keys: list[str], value: str, level: float = LEVEL)
 
 
 def point_table(df: pd.DataFrame, axes: list[str], metric: str = "r2", level: float = LEVEL) -> pd.DataFrame:
-    """One row per grid point: its axes, the seeds' count, and the final ``metric`` as mean with its interval.
+    """One row per grid point: its axes, the count of its finished seeds, and their final ``metric`` as mean with
+    its interval. Trials that did not finish are left out (:func:`ablate.analysis.finished.finished_only`), named
+    with why in ``attrs["left_out"]``.
 
     Columns: the axes, ``seeds``, ``mean``, ``ci`` (``[lo, hi]``, or ``n=1: too few seeds`` below 2 seeds).
     """
     cols = [*axes, "seeds", "mean", "ci"]
+    left_out = unfinished_trials(df)
+    df = finished_only(df)
     if df.empty or metric not in df.columns:
-        return pd.DataFrame(columns=cols)
+        out = pd.DataFrame(columns=cols)
+        out.attrs["left_out"] = left_out
+        return out
     rows = values_at(df, metric)
     keys = [a for a in axes if a in rows.columns]
     records = []
@@ -304,6 +290,7 @@ def point_table(df: pd.DataFrame, axes: list[str], metric: str = "r2", level: fl
         ci = f"[{lo:.4f}, {hi:.4f}]" if n >= MIN_SEEDS else f"n={n}: too few seeds"
         records.append({**dict(zip(keys, key)), "seeds": n, "mean": round(m, 4), "ci": ci})
     out = pd.DataFrame(records, columns=[*keys, "seeds", "mean", "ci"])
-    return (
-        out.sort_values(keys, key=lambda s: s.map(natural_key), kind="stable").reset_index(drop=True) if keys else out
-    )
+    if keys:
+        out = out.sort_values(keys, key=lambda s: s.map(natural_key), kind="stable").reset_index(drop=True)
+    out.attrs["left_out"] = left_out
+    return out

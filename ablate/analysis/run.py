@@ -129,7 +129,8 @@ def run_finished(run: Run) -> bool:
 
 
 def trial_table(run: Run) -> pd.DataFrame:
-    """One row per trial: its axes, seed, status, steps and final R² (trials without reports included)."""
+    """One row per trial: its axes, seed, status, steps and R² at its last report (trials without reports
+    included); that R² is a final value only where the status is TERMINATED (:mod:`ablate.analysis.finished`)."""
     axes = run.ctx.axes
     fin = final_rows(run.df).set_index("trial_id") if not run.df.empty else pd.DataFrame()
     rows = []
@@ -145,7 +146,7 @@ def trial_table(run: Run) -> pd.DataFrame:
         cfg = run.ctx.configs.get(trial_id)
         step = None if last is None else last.get("step")
         row["steps"] = f"{int(step) if step is not None and pd.notna(step) else 0} / {cfg.max_steps if cfg else '?'}"
-        for col, name in (("r2", "final R²"), ("mcc", "MCC"), ("time_total_s", "time (s)")):
+        for col, name in (("r2", "R² (last report)"), ("mcc", "MCC"), ("time_total_s", "time (s)")):
             v = None if last is None else last.get(col)
             row[name] = None if v is None or pd.isna(v) else round(float(v), 4 if col != "time_total_s" else 2)
         rows.append(row)

@@ -16,7 +16,8 @@ import numpy as np
 import pandas as pd
 from scipy.stats import spearmanr
 
-from ablate.analysis.run import RunContext, final_rows
+from ablate.analysis.finished import final_values, finished_only
+from ablate.analysis.run import RunContext
 from ablate.columns import r2_block_column
 from ablate.core.metrics import iterations_to_target
 
@@ -82,10 +83,11 @@ def block_r2(df: pd.DataFrame, ctx: RunContext) -> pd.DataFrame:
 
     One row per trial and block: trial_id, the grid's axes, seed, ``block`` ('first' or 'last'),
     ``block_lambda`` (that block's Λ), ``varied_lambda`` (the last block's Λ, Fig. 2A's x) and ``r2``.
-    Trials without a config or without the block's ``r2_lambda_<Λ>`` column are left out.
+    Trials that did not finish (:mod:`ablate.analysis.finished`), without a config or without the block's
+    ``r2_lambda_<Λ>`` column are left out.
     """
     cols = ["trial_id", *ctx.axes, "seed", "block", "block_lambda", "varied_lambda", "r2"]
-    fin = final_rows(df)
+    fin = final_values(df)
     rows = []
     for _, r in fin.iterrows():
         cfg = ctx.configs.get(r["trial_id"])
@@ -111,14 +113,15 @@ def block_r2(df: pd.DataFrame, ctx: RunContext) -> pd.DataFrame:
 def fixed_lambda_losses(df: pd.DataFrame, ctx: RunContext, metric: str) -> pd.DataFrame:
     """Final ``metric`` of each trial trained with Λ̂ held fixed (Fig. 10A), and where theory puts the optimum.
 
-    One row per trial: trial_id, the grid's axes, seed, ``fixed_lambda``, ``value``, ``optimum`` (the mean of
-    :attr:`ablate.config.RunConfig.lambda_optimum`: Λ⁺ − Λ⁻ with hard negatives, Cor. B.1, else Λ) and ``hard``.
+    One row per trial that finished (:mod:`ablate.analysis.finished`): trial_id, the grid's axes, seed,
+    ``fixed_lambda``, ``value``, ``optimum`` (the mean of :attr:`ablate.config.RunConfig.lambda_optimum`: Λ⁺ − Λ⁻
+    with hard negatives, Cor. B.1, else Λ) and ``hard``.
     """
     cols = ["trial_id", *ctx.axes, "seed", "fixed_lambda", "value", "optimum", "hard"]
     if df.empty or metric not in df.columns:
         return pd.DataFrame(columns=cols)
     rows = []
-    for _, r in final_rows(df).iterrows():
+    for _, r in final_values(df).iterrows():
         cfg = ctx.configs.get(r["trial_id"])
         if cfg is None or cfg.fixed_lambda_hat is None or pd.isna(r[metric]):
             continue
@@ -140,9 +143,12 @@ def fixed_lambda_losses(df: pd.DataFrame, ctx: RunContext, metric: str) -> pd.Da
 def iterations_to_targets(df: pd.DataFrame, axes: list[str], targets: list[float]) -> pd.DataFrame:
     """The first step at which each trial's R² reached each target (Fig. 8B, 9B); nan where it never did.
 
-    One row per trial and target: the given ``axes`` (the trial's values), trial_id, ``target``, ``iterations``.
+    One row per trial that finished and target: the given ``axes`` (the trial's values), trial_id, ``target``,
+    ``iterations``. A trial that did not finish (:mod:`ablate.analysis.finished`) is left out: it stopped before the
+    end, so "never reached" would not be known of it.
     """
     cols = [*axes, "trial_id", "target", "iterations"]
+    df = finished_only(df)
     if df.empty or "r2" not in df.columns:
         return pd.DataFrame(columns=cols)
     rows = []

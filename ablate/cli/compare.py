@@ -34,18 +34,16 @@ def compare_rows(table: Any) -> list[dict[str, Any]]:
     return rows
 
 
-#: Left-out trials named in the line; the rest are counted.
-NAMED_LEFT_OUT = 10
+#: Why the left-out trials are left out, as compare says it.
+LEFT_OUT_WHY = "a last report before the end is not comparable with finished trials'; compare them with --at STEP"
 
 
 def left_out_line(left_out: dict[str, str]) -> str:
-    """One line: how many trials did not finish and were left out, each named with why."""
-    named = "; ".join(f"{t} ({why})" for t, why in list(left_out.items())[:NAMED_LEFT_OUT])
-    more = f"; … and {len(left_out) - NAMED_LEFT_OUT} more" if len(left_out) > NAMED_LEFT_OUT else ""
-    return (
-        f"left out: {len(left_out)} trial(s) that did not finish (a last report before the end is not comparable "
-        f"with finished trials'; compare them with --at STEP): {named}{more}"
-    )
+    """One line: how many trials did not finish and were left out, each named with why
+    (:func:`ablate.analysis.finished.left_out_line`, worded for compare)."""
+    from ablate.analysis.finished import left_out_line as line
+
+    return line(left_out, LEFT_OUT_WHY)
 
 
 def cmd_compare(args: argparse.Namespace) -> int:

@@ -19,6 +19,7 @@ from typing import Any
 import pandas as pd
 
 from ablate.analysis.compare import point_table
+from ablate.analysis.finished import left_out_line, unfinished_trials
 from ablate.analysis.run import Run, generator_table, run_finished, trial_table
 from ablate.analysis.status import last_run
 from ablate.provenance import summary_line
@@ -35,7 +36,7 @@ h1 { margin-bottom: 0.1em; } h2 { margin-top: 1.6em; border-bottom: 1px solid #d
 table { border-collapse: collapse; font-size: 0.88em; margin: 0.5em 0; }
 th, td { border: 1px solid #ddd; padding: 0.2em 0.6em; text-align: left; vertical-align: top; }
 th { background: #f4f4f4; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
-.TERMINATED { color: #070; } .ERROR { color: #b00; font-weight: 600; } .RUNNING { color: #b60; }
+.TERMINATED { color: #070; } .ERROR { color: #b00; font-weight: 600; } .RUNNING, .INTERRUPTED { color: #b60; }
 .PENDING, .PAUSED { color: #777; } .warn { color: #b00; }
 details { margin: 0.4em 0; } summary { cursor: pointer; color: #336; }
 pre { background: #f7f7f7; padding: 0.6em; overflow-x: auto; font-size: 0.85em; }
@@ -174,16 +175,44 @@ def _settings_html(run: Run) -> str:
     return "\n".join(parts)
 
 
+#: Why the trials that did not finish are left out, as the report says it.
+LEFT_OUT_WHY = (
+    "a last report before the end is not a final value: the grid points and the final-value panels show the "
+    "finished trials only; curves draw these up to their last report, ✕ where one errored or was interrupted"
+)
+
+
 def _points_html(run: Run) -> str:
-    """The trials grouped by grid point: final R² as mean over seeds with its 95 % t interval (none if no point
-    has two seeds)."""
+    """The trials grouped by grid point: final R² of the finished seeds as mean with its 95 % t interval (no table
+    if no point has two), and under it the trials left out because they did not finish, each with why."""
     points = point_table(run.df, run.ctx.axes)
-    if points.empty or points["seeds"].max() < 2:
+    left_out = points.attrs.get("left_out") or {}
+    parts = []
+    if not points.empty and points["seeds"].max() >= 2:
+        parts.append(
+            "<details open><summary>grid points: final R², mean over seeds with its 95 % confidence interval "
+            "(Student's t; `ablate compare RUN --by AXIS` tests differences), of the trials that finished</summary>"
+            f"{_html_table(points.rename(columns={'mean': 'final R² (mean)', 'ci': '95 % CI'}))}</details>"
+        )
+    if left_out:
+        parts.append(f"<p class='warn' id='left-out'>{html.escape(left_out_line(left_out, LEFT_OUT_WHY))}</p>")
+    return "\n".join(parts)
+
+
+def _unfinished_note(finals: bool, data: pd.DataFrame, n_unfinished: int) -> str:
+    """Under a panel's heading, while some trials did not finish (they are named under the trials' table): a
+    final-value panel shows the finished ones only; a curve marks where an errored or interrupted one stopped."""
+    if not n_unfinished:
+        return ""
+    if finals:
+        what = "final values of the trials that finished only"
+    elif "ended" in data.columns and (data["ended"] != "").any():
+        what = "every trial is drawn up to its last report; ✕ marks where an errored or interrupted one stopped"
+    else:
         return ""
     return (
-        "<details open><summary>grid points: final R², mean over seeds with its 95 % confidence interval "
-        "(Student's t; `ablate compare RUN --by AXIS` tests differences)</summary>"
-        f"{_html_table(points.rename(columns={'mean': 'final R² (mean)', 'ci': '95 % CI'}))}</details>"
+        f"<p class='warn'>{html.escape(what)} ({n_unfinished} trial(s) did not finish: "
+        "<a href='#left-out'>which, and why</a>)</p>"
     )
 
 
@@ -274,6 +303,7 @@ def render_html(
         out.append(f"<p>{html.escape(dashboard.description.strip())}</p>")
     out += ["<h2>Settings</h2>", _settings_html(run), "<h2>Trials</h2>", _html_table(table, status_col="status")]
     out.append(_points_html(run))
+    n_unfinished = len(unfinished_trials(run.df))
     for i, panel in enumerate(panels):
         spec = panel.spec
         kind = PANELS[spec.kind]
@@ -283,6 +313,7 @@ def render_html(
             f"<p class='meta'>{html.escape(kind.describe)}</p>",
             f"<p class='note'>{html.escape(spec.note)}</p>" if spec.note else "",
             f"<p class='meta'>shown: {html.escape(where)}</p>" if where else "",
+            _unfinished_note(kind.finals, panel.data, n_unfinished),
         ]
         title = f"{i + 1}. {spec.title or kind.title}"
         out += _section("panel", spec.kind, title, head, panel.figure, f"panel-{i}", i == 0, panel.data)

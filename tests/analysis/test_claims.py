@@ -340,3 +340,45 @@ def test_the_command_of_a_preset_run_names_the_preset_and_its_run_directory():
     assert claims.command("bimodal_dynamics", "laptop", "fast") == (
         "ablate run bimodal_dynamics --scale laptop --preset fast && ablate report runs/bimodal_dynamics-laptop-fast"
     )
+
+
+# --------------------------------------------------------------------------- trials that did not finish
+def test_claims_leave_out_trials_that_did_not_finish_and_say_which(tmp_path, capsys):
+    """issue 36: claims pooled an interrupted trial's last step with finished trials' final values, and dropped an
+    errored one's (its last row holds only the error) without a word. A claim reads the finished trials only, its
+    criterion unchanged; its text, its markdown row and its dict name the others with why."""
+    from unfinished_runs import ERRORED, INTERRUPTED, LEFT_OUT, unfinished_run
+
+    run = str(unfinished_run(tmp_path / "run"))
+    (res,) = claims.evaluate_run(run)
+    assert res.left_out == LEFT_OUT and res.to_dict()["left_out"] == LEFT_OUT
+    assert res.criterion == "final R²: InfoNCE < AnInfoNCE < ensemble (means over seeds)"
+    # aninfonce: the two finished seeds (pooled, the interrupted one's 0.2 at step 10 made it 0.680 ± 0.416)
+    assert res.value == "infonce 0.490 ± 0.026 (3 seeds) / aninfonce 0.920 ± 0.014 (2 seeds) / ensemble 0.980 (1 seed)"
+    assert res.status == "PASS"
+
+    assert cli.main(["claims", run]) == 0
+    out = capsys.readouterr().out
+    (line,) = [x.strip() for x in out.splitlines() if "left out" in x]
+    assert line.startswith("left out: 2 trial(s) that did not finish (a last report before the end is not a final")
+    assert f"{INTERRUPTED} (interrupted at step 10)" in line and f"{ERRORED} (errored at step 20)" in line
+
+    assert cli.main(["claims", run, "--markdown"]) == 0
+    (row,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("| 7 |")]
+    result = row.split(" | ")[6]
+    assert result.startswith("**PASS**; left out: 2 trial(s) that did not finish")
+    assert f"{INTERRUPTED} (interrupted at step 10)" in result and f"{ERRORED} (errored at step 20)" in result
+
+
+def test_a_claim_whose_data_did_not_finish_is_not_measured_and_says_why(tmp_path):
+    """With no ensemble trial finished the ordering lacks a variant: not measured, as for any missing variant (the
+    interrupted ensemble seed's R² at step 10 made it a FAIL before), saying that trials were left out."""
+    from unfinished_runs import unfinished_run
+
+    (res,) = claims.evaluate_run(unfinished_run(tmp_path / "run", ensemble_finished=False))
+    assert res.status == "NOT MEASURED"
+    assert set(res.left_out) == {"aninfonce_2", "ensemble_0", "ensemble_1"}
+    assert (
+        res.checks[0].value == "not measured: needs the three variants (3 trial(s) that did not finish were left out)"
+    )
+    assert res.criterion == "final R²: InfoNCE < AnInfoNCE < ensemble (means over seeds)"

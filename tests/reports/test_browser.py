@@ -110,3 +110,16 @@ def test_the_render_check_sees_javascript_errors(chromium, ray_session, tmp_path
     stripped.write_text(text[:start] + "window.Plotly = undefined;" + text[text.index("</script>", start) :])
     status = render_status(chromium, stripped, tmp_path)
     assert status["errors"] and status["rendered"] == 0, status
+
+
+def test_a_report_with_trials_that_did_not_finish_renders_in_chromium(chromium, tmp_path):
+    """The ✕ marks of errored and interrupted trials and the notes under the tables draw without a JavaScript
+    error (a run folder built by hand: tests/unfinished_runs.py; no Ray)."""
+    from unfinished_runs import unfinished_run
+
+    run_dir = unfinished_run(tmp_path / "run")
+    page = Path(write_report(run_dir, tmp_path / "report.html"))
+    n_panels = len(load_dashboard("ensemble").panels)
+    status = render_status(chromium, page, tmp_path, tmp_path / "report_unfinished.png")
+    assert status["errors"] == [], f"JavaScript errors: {status['errors']}"
+    assert status["plots"] == status["rendered"] == status["expected"] == n_panels, status

@@ -25,11 +25,11 @@ def bvd(ray_session, tmp_path_factory):
 
 #: The columns of each panel kind's data frame.
 COLUMNS = {
-    "r2_curves": ["facet", "color", "series", "metric", "x", "mean", "lo", "hi", "n_seeds"],
+    "r2_curves": ["facet", "color", "series", "metric", "x", "mean", "lo", "hi", "n_seeds", "ended"],
     "final_heatmap": ["facet", "x", "y", "value", "std", "n_seeds"],
     "r2_blocks_vs_lambda": ["color", "x", "block", "block_lambda", "mean", "lo", "hi", "n_seeds"],
     "lambda_hat_curves": ["facet", "trial_id", "member", "dim", "kind", "truth", "x", "value"],
-    "loss_vs_floor": ["facet", "color", "series", "kind", "x", "mean", "lo", "hi", "n_seeds"],
+    "loss_vs_floor": ["facet", "color", "series", "kind", "x", "mean", "lo", "hi", "n_seeds", "ended"],
     "iterations_to_target": ["x", "color", "target", "iterations", "lo", "hi", "n_reached", "n_seeds"],
     "loss_vs_fixed_lambda": ["color", "fixed_lambda", "mean", "lo", "hi", "n_seeds", "optimum", "optimum_label"],
     "similarity_histograms": ["facet", "kind", "bin_center", "density", "overlap", "n_seeds"],
@@ -184,6 +184,51 @@ def test_where_filter_picks_min_max_and_values():
     ):
         spec.where = where
         assert set(panel_data(df, spec, ctx)["x"]) == want
+
+
+def test_final_values_are_the_finished_trials_and_curves_mark_where_the_others_stopped(tmp_path):
+    """issue 36: a final-value panel pooled an interrupted trial's last step with finished trials' final values. It
+    reads the finished trials only; a curve still draws every trial up to its last report, and marks with a row of
+    ``ended`` where one that errored or was interrupted made its last report with a value."""
+    from unfinished_runs import ERRORED, INTERRUPTED, unfinished_run
+
+    run = load_run(unfinished_run(tmp_path / "run"))
+    spec = panel_spec("ensemble_bars", "Fig. 11A", x="variant", order=["infonce", "aninfonce", "ensemble"])
+    bars = panel_data(run.df, spec, run.ctx)
+    assert bars["n_seeds"].tolist() == [3, 2, 1] and bars["mean"].tolist() == pytest.approx([0.49, 0.92, 0.98])
+    heat = panel_data(run.df, panel_spec("final_heatmap", "x", x="variant", y="seed"), run.ctx)
+    assert len(heat) == 6 and (heat["n_seeds"] == 1).all()  # 8 trials, 2 of which did not finish
+
+    curves = panel_data(run.df, panel_spec("r2_curves", "x", color="variant"), run.ctx)
+    assert list(curves.columns) == COLUMNS["r2_curves"]
+    marks = curves[curves["ended"] != ""]
+    assert marks[["series", "x", "mean", "n_seeds", "ended"]].to_dict("records") == [
+        {
+            "series": "variant=aninfonce",
+            "x": 10,
+            "mean": 0.2,
+            "n_seeds": 1,
+            "ended": f"{INTERRUPTED}: interrupted at step 10",
+        },
+        {"series": "variant=ensemble", "x": 10, "mean": 0.3, "n_seeds": 1, "ended": f"{ERRORED}: errored at step 20"},
+    ]
+    lines = curves[curves["ended"] == ""].set_index(["series", "x"])
+    # drawn up to where they stopped: at step 10 the mean holds every trial, at step 20 the finished ones
+    assert lines.loc[("variant=aninfonce", 10), "n_seeds"] == 3 and lines.loc[("variant=aninfonce", 20), "n_seeds"] == 2
+    assert lines.loc[("variant=ensemble", 20), "mean"] == pytest.approx(0.98)
+    loss = panel_data(run.df, panel_spec("loss_vs_floor", "x", color="variant"), run.ctx)
+    assert sorted(loss.loc[loss["ended"] != "", "ended"]) == sorted(marks["ended"])
+    assert set(loss.loc[loss["ended"] != "", "kind"]) == {"loss"}
+    figure = PANELS["r2_curves"].draw(curves, panel_spec("r2_curves", "x", color="variant"), run.ctx)
+    (drawn,) = [t for t in figure.data if t.legendgroup == "ended"]
+    assert drawn.marker.symbol == "x" and list(drawn.hovertext) == list(marks["ended"])
+
+    hat = panel_data(run.df, panel_spec("lambda_hat_curves", "x", facet="variant"), run.ctx)
+    shown = hat.drop_duplicates("facet").set_index("facet")["trial_id"].to_dict()
+    assert shown["variant=ensemble"] == "ensemble_1", "a seed that finished is shown before a lower one that errored"
+    cut = load_run(unfinished_run(tmp_path / "cut", ensemble_finished=False))
+    hat = panel_data(cut.df, panel_spec("lambda_hat_curves", "x", facet="variant"), cut.ctx)
+    assert "variant=ensemble · ensemble_0 errored at step 20" in set(hat["facet"]), "no ensemble trial finished"
 
 
 def test_every_panel_kind_is_covered():

@@ -72,6 +72,52 @@ def test_report_renders(name, ray_session, tmp_path_factory, tmp_path):
         assert page.count('<td class="TERMINATED">TERMINATED</td>') == n_trials
 
 
+# ---------------------------------------------------------------------------------------- trials that did not finish
+def test_report_shows_final_values_of_finished_trials_and_names_the_others(tmp_path, capsys):
+    """issue 36: the grid-point table pooled an interrupted trial's last step with finished trials' final values.
+    It holds the finished trials only; a note under it names the others with why, each final-value panel says it
+    shows finished trials only, and a curve marks where an errored or interrupted trial stopped."""
+    from unfinished_runs import ERRORED, INTERRUPTED, unfinished_run
+
+    run_dir = unfinished_run(tmp_path / "run")
+    assert cli.main(["report", str(run_dir), "--out", str(tmp_path / "report.html")]) == 0
+    page = (tmp_path / "report.html").read_text()
+    points = page[page.index("grid points: final R²") : page.index("</details>", page.index("grid points: final R²"))]
+    assert "of the trials that finished" in points
+    assert '<td>aninfonce</td><td class="num">2</td><td class="num">0.92</td>' in points  # not 0.68 over 3
+    assert '<td>ensemble</td><td class="num">1</td><td class="num">0.98</td><td>n=1: too few seeds</td>' in points
+    (note,) = re.findall(r"<p class='warn' id='left-out'>([^<]*)</p>", page)
+    note = html.unescape(note)
+    assert note.startswith("left out: 2 trial(s) that did not finish (a last report before the end is not a final")
+    assert f"{INTERRUPTED} (interrupted at step 10)" in note and f"{ERRORED} (errored at step 20)" in note
+    # the trials' table keeps every trial, its status and how far it got
+    assert '<td class="ERROR">ERROR</td>' in page and '<td class="INTERRUPTED">INTERRUPTED</td>' in page
+    assert "<th>R² (last report)</th>" in page and "<td>10 / 20</td>" in page
+    sections = {
+        m.group(1): m.group(2)
+        for m in re.finditer(r'<section class="panel" data-kind="([^"]+)">(.*?)</section>', page, re.S)
+    }
+    assert "final values of the trials that finished only (2 trial(s) did not finish" in sections["ensemble_bars"]
+    for kind in ("r2_curves", "loss_vs_floor"):
+        assert "✕ marks where an errored or interrupted one stopped (2 trial(s) did not finish" in sections[kind]
+        assert '"legendgroup":"ended"' in sections[kind] and "did not finish: its last report" in sections[kind]
+
+
+def test_a_report_of_finished_trials_says_nothing_of_left_out_trials(tmp_path):
+    import shutil
+
+    from unfinished_runs import FINISHED, LEFT_OUT, unfinished_run
+
+    from ablate.rundir import TRIAL_PREFIX
+
+    run_dir = unfinished_run(tmp_path / "run")
+    for trial in LEFT_OUT:  # the two that did not finish, gone
+        shutil.rmtree(run_dir / f"{TRIAL_PREFIX}{trial}")
+    page = Path(write_report(run_dir, tmp_path / "report.html")).read_text()
+    assert "left out" not in page and "did not finish" not in page and "✕" not in page
+    assert sum(len(v) for v in FINISHED.values()) == page.count('<td class="TERMINATED">TERMINATED</td>')
+
+
 # ---------------------------------------------------------------------------------------- export, refusal, spec, watch
 @pytest.mark.parametrize("suffix", [".csv", ".parquet"])
 def test_export_round_trips(bvd, tmp_path, suffix):

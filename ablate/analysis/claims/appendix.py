@@ -13,7 +13,8 @@ from ablate.analysis.claims.base import (
     _variant,
 )
 from ablate.analysis.compare import diff_text
-from ablate.analysis.run import RunContext, final_rows
+from ablate.analysis.finished import final_values
+from ablate.analysis.run import RunContext
 from ablate.analysis.stats import fixed_lambda_losses, fmt_ms
 from ablate.columns import r2_block_lambda
 
@@ -65,7 +66,7 @@ def _finetune_beats_plain(fin: pd.DataFrame) -> Check:
 
 def claim_hard_negatives(df: pd.DataFrame, ctx: RunContext) -> ClaimResult:
     """Fig. 10A: the loss against a fixed Λ̂ is lowest at Λ⁺ − Λ⁻; Fig. 10B: hard-negative fine-tuning wins."""
-    checks = [_loss_minimum(df, ctx), _finetune_beats_plain(final_rows(df))]
+    checks = [_loss_minimum(df, ctx), _finetune_beats_plain(final_values(df))]
     return ClaimResult(
         6,
         "Hard negatives: loss optimum at Λ⁺ − Λ⁻; fine-tuning helps",
@@ -105,7 +106,7 @@ def _zimmermann_paper(ctx: RunContext) -> str:
 # --------------------------------------------------------------------------- claim 7: ensemble table
 def claim_ensemble(df: pd.DataFrame, ctx: RunContext) -> ClaimResult:
     """Appx. H.3 table: R² of InfoNCE < AnInfoNCE < ensemble AnInfoNCE."""
-    fin = final_rows(df)
+    fin = final_values(df)
     order = ["infonce", "aninfonce", "ensemble"]
     values = {v: _variant(fin, v)["r2"] for v in order}
     crit = "final R²: InfoNCE < AnInfoNCE < ensemble (means over seeds)"
@@ -129,7 +130,7 @@ def claim_ensemble(df: pd.DataFrame, ctx: RunContext) -> ClaimResult:
 # --------------------------------------------------------------------------- claim 8: Fig. 12
 def claim_tricl(df: pd.DataFrame, ctx: RunContext) -> ClaimResult:
     """Fig. 12: AnInfoNCE reaches at least TriCL's R², most clearly with the anisotropic 15/250 split."""
-    fin = final_rows(df)
+    fin = final_values(df)
     lam_cols = [c for c in fin.columns if r2_block_lambda(c) is not None]
     fin = fin.assign(anisotropic=fin[lam_cols].notna().sum(axis=1) > 1 if lam_cols else False)
     gaps, parts = {}, []
@@ -176,7 +177,7 @@ ZIMMERMANN_MIN_R2 = 0.99
 
 def claim_zimmermann(df: pd.DataFrame, ctx: RunContext) -> ClaimResult:
     """Zimmermann et al. 2021, Table 1 row 1: InfoNCE, vMF κ = 1, d = 10: R² ≥ ZIMMERMANN_MIN_R2."""
-    fin = final_rows(df)
+    fin = final_values(df)
     rows = _variant(fin, "vmf_kappa1")
     crit = f"final R² (mean over seeds) ≥ {ZIMMERMANN_MIN_R2:g}"
     check = (

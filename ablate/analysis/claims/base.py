@@ -2,6 +2,11 @@
 
 A criterion the data cannot decide (a metric missing, a target never reached by any setting) is
 "not measured" (``passed is None``), never a pass.
+
+A claim reads only the trials that finished (:mod:`ablate.analysis.finished`): an errored, interrupted or running
+trial's last report is not a final value. Its criteria stay as they are; the trials left out are named in
+:attr:`ClaimResult.left_out` (set by :func:`ablate.analysis.claims.evaluate.evaluate_frame`), and a claim that
+lost the data it needs to them is not measured, as for any missing data.
 """
 
 from __future__ import annotations
@@ -49,6 +54,8 @@ class ClaimResult:
     run_dir: str = ""
     wall_s: float | None = None
     preset: str | None = None
+    #: trial id → why it did not finish (``errored at step 7``): the run's trials this claim was not decided on.
+    left_out: dict[str, str] = field(default_factory=dict)
 
     @property
     def passed(self) -> bool | None:

@@ -26,10 +26,20 @@ from ablate.analysis.claims.main_text import (
     claim_linear_lambda,
     claim_linear_lambda_public_run,
 )
+from ablate.analysis.finished import left_out_line, unfinished_trials
 from ablate.analysis.run import RunContext, load_run
 from ablate.rundir import MARKER_TIME_FORMAT, RunReader, run_name
 
-__all__ = ["CLAIMS", "command", "evaluate_frame", "evaluate_run", "markdown_table", "run_wall_s", "text_report"]
+__all__ = [
+    "CLAIMS",
+    "LEFT_OUT_WHY",
+    "command",
+    "evaluate_frame",
+    "evaluate_run",
+    "markdown_table",
+    "run_wall_s",
+    "text_report",
+]
 
 
 # --------------------------------------------------------------------------- registry and runs
@@ -48,13 +58,24 @@ CLAIMS: dict[str, list[ClaimFn]] = {
 }
 
 
+#: Why the trials that did not finish are left out, as the claims say it.
+LEFT_OUT_WHY = "a last report before the end is not a final value; the claim is decided on the finished trials"
+
+
 def evaluate_frame(df: pd.DataFrame, ctx: RunContext) -> list[ClaimResult]:
-    """Every claim registered for the table's grid (``df.attrs['grid']`` or ``ctx.grid``)."""
+    """Every claim registered for the table's grid (``df.attrs['grid']`` or ``ctx.grid``), on the trials that
+    finished: each result names the others in ``left_out`` (:func:`ablate.analysis.finished.unfinished_trials`),
+    and a check left without data says that they were left out."""
     grid = str(df.attrs.get("grid") or ctx.grid)
+    left_out = unfinished_trials(df)
     out = []
     for fn in CLAIMS.get(grid, []):
         res = fn(df, ctx)
         res.grid, res.scale = grid, str(df.attrs.get("scale", ""))
+        res.left_out = dict(left_out)
+        for check in res.checks if left_out else []:
+            if check.passed is None:
+                check.value += f" ({len(left_out)} trial(s) that did not finish were left out)"
         out.append(res)
     return out
 
@@ -94,7 +115,7 @@ def _cell(text: str) -> str:
 
 
 def markdown_table(results: Sequence[ClaimResult]) -> str:
-    """The summary table of docs/reproduction.md, one row per claim."""
+    """The summary table of docs/reproduction.md, one row per claim; its result names the trials left out."""
     head = ["#", "claim", "figure", "paper", "ablate", "criterion", "result", "wall (2 CPU)", "command"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in sorted(results, key=lambda r: r.claim):
@@ -106,7 +127,7 @@ def markdown_table(results: Sequence[ClaimResult]) -> str:
             r.paper_value,
             r.value,
             r.criterion,
-            f"**{r.status}**",
+            f"**{r.status}**" + (f"; {left_out_line(r.left_out, LEFT_OUT_WHY)}" if r.left_out else ""),
             wall,
             f"`{command(r.grid, r.scale, r.preset)}`",
         ]
@@ -115,7 +136,7 @@ def markdown_table(results: Sequence[ClaimResult]) -> str:
 
 
 def text_report(results: Sequence[ClaimResult]) -> str:
-    """A plain-text account of each claim and its checks."""
+    """A plain-text account of each claim, the trials it left out (they did not finish), and its checks."""
     out = []
     for r in results:
         wall = f", wall {r.wall_s:.0f} s" if r.wall_s is not None else ""
@@ -123,6 +144,8 @@ def text_report(results: Sequence[ClaimResult]) -> str:
         out.append(f"claim {r.claim} [{r.status}] {r.title} — {r.figure} ({r.grid} @ {r.scale}{preset}{wall})")
         out.append(f"  paper:  {r.paper_value}")
         out.append(f"  ablate: {r.value}")
+        if r.left_out:
+            out.append(f"  {left_out_line(r.left_out, LEFT_OUT_WHY)}")
         for c in r.checks:
             verdict = {True: "pass", False: "FAIL", None: "not measured"}[c.passed]
             out.append(f"  - [{verdict}] {c.name}: {c.value}\n      criterion: {c.criterion}")

@@ -23,7 +23,8 @@ from ablate.analysis.claims.base import (
     _variant,
 )
 from ablate.analysis.compare import diff_text
-from ablate.analysis.run import RunContext, final_rows
+from ablate.analysis.finished import final_values, finished_only
+from ablate.analysis.run import RunContext
 from ablate.analysis.stats import block_r2, fmt_ms, iterations_to_targets, mean_sd, seed_stats, spearman
 from ablate.columns import lambda_hat_columns, r2_block_column, r2_block_lambda
 from ablate.core.metrics import iterations_to_target
@@ -108,7 +109,7 @@ def _content_first(t: pd.DataFrame, style: str, content: str) -> bool | None:
 def claim_bimodal(df: pd.DataFrame, ctx: RunContext) -> ClaimResult:
     """Fig. 2B–D: R² ≥ BIMODAL_MIN_R2; content block first; loss within FLOOR_GAP_MAX of its floor; sorted Λ̂
     within LAMBDA_ERROR_MAX."""
-    fin = final_rows(df)
+    fin = final_values(df)
     checks = []
     crit = f"final R² (mean over seeds) ≥ {BIMODAL_MIN_R2:g}"
     checks.append(
@@ -127,7 +128,7 @@ def claim_bimodal(df: pd.DataFrame, ctx: RunContext) -> ClaimResult:
         style, content = r2_block_column(lams[0]), r2_block_column(lams[-1])
         per_seed = {
             str(seed): _content_first(t.sort_values("step"), style, content)
-            for seed, t in df.groupby("seed", sort=True)
+            for seed, t in finished_only(df).groupby("seed", sort=True)
         }
         verdicts = list(per_seed.values())
         checks.append(
@@ -244,7 +245,7 @@ def claim_linear_lambda_public_run(df: pd.DataFrame, ctx: RunContext) -> ClaimRe
 
 
 def _linear_lambda(df: pd.DataFrame, top: float, title: str, paper: str) -> ClaimResult:
-    fin = _lambda_range_rows(final_rows(df), top)
+    fin = _lambda_range_rows(final_values(df), top)
     an, inf = _variant(fin, "aninfonce"), _variant(fin, "infonce")
     checks = [_lambda_tracks(an)]
     crit = f"AnInfoNCE − InfoNCE final R² ≥ {R2_GAP_MIN:g} (and > {GAP_NOISE_SDS:g} sd where there are seeds)"
@@ -315,7 +316,7 @@ def _itt_grows(df: pd.DataFrame, ctx: RunContext, x: str) -> Check:
 
 def claim_batch_vs_dim(df: pd.DataFrame, ctx: RunContext) -> ClaimResult:
     """Fig. 4A / 9: R² falls with d (fixed batch), rises with the batch (fixed d); iterations grow with d."""
-    fin = final_rows(df)
+    fin = final_values(df)
     a, rho_d = _groupwise_sign(
         fin, "batch_size", "latent_dim", "r2", -1, "R² falls with d", "Spearman(d, final R²) < 0 at every batch size"
     )
@@ -354,7 +355,7 @@ def _batch_needed(means: pd.DataFrame, target: float) -> dict[float, float]:
 
 def claim_batch_vs_lambda(df: pd.DataFrame, ctx: RunContext) -> ClaimResult:
     """Fig. 4B (d = 20): a larger Λ needs a larger batch for the same R²."""
-    fin = final_rows(df)
+    fin = final_values(df)
     if "concentration" in fin.columns:
         fin = fin.assign(concentration=pd.to_numeric(fin["concentration"], errors="coerce"))
     a, _ = _groupwise_sign(

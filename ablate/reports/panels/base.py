@@ -7,6 +7,10 @@ A panel kind is a spec model and a pair of functions registered in :data:`PANELS
 - ``data(df, spec, ctx) -> DataFrame``: pure pandas on the table of :func:`ablate.analysis.results.load_results`
   (one row per trial per report) plus the trials' resolved configs in ``ctx``. Tests assert on this.
 - ``draw(data, spec, ctx) -> go.Figure``: a Plotly figure of exactly that frame, nothing recomputed.
+- ``finals``: whether the kind shows final values. Those read only the trials that finished
+  (:func:`ablate.analysis.finished.final_values`) and the report says which trials were left out; a curve over
+  steps draws every trial up to its last report and marks where one that stopped before its end (errored or
+  interrupted) made it (:func:`ended_marks`, a column ``ended``).
 
 Every panel always yields a figure: with no data yet (a run that just started, or a metric the grid
 does not report) the figure says so instead of failing, so a report always holds one plot per panel.
@@ -27,6 +31,7 @@ from plotly.colors import hex_to_rgb, qualitative, sample_colorscale, unlabel_rg
 from plotly.subplots import make_subplots
 from pydantic import AfterValidator, BeforeValidator, Field, StringConstraints, ValidationInfo
 
+from ablate.analysis.finished import unfinished_trials
 from ablate.analysis.run import RunContext
 from ablate.columns import r2_block_lambda, r2_dim_index
 from ablate.service.specs.base import Spec
@@ -44,8 +49,10 @@ __all__ = [
     "StrList",
     "XColumn",
     "apply_where",
+    "add_ended_marks",
     "compute_panels",
     "empty_figure",
+    "ended_marks",
     "grid_axes",
     "panel_data",
     "panel_figure",
@@ -113,6 +120,7 @@ class PanelKind:
     data: Callable[[pd.DataFrame, Any, RunContext], pd.DataFrame]
     draw: Callable[[pd.DataFrame, Any, RunContext], go.Figure]
     spec: type[PanelSpec]
+    finals: bool = False  # shows final values: of finished trials only
 
 
 def register(kind: PanelKind) -> PanelKind:
@@ -223,6 +231,48 @@ def group_key(row: pd.Series | dict, cols: list[str]) -> str:
     if not cols:
         return ""
     return point_label({c: row[c] for c in cols})
+
+
+# --------------------------------------------------------------------------- trials that stopped before their end
+#: Colour and legend entry of the mark at a stopped trial's last report.
+ENDED_COLOR = "#b00"
+ENDED_NAME = "✕ did not finish: its last report"
+
+
+def ended_marks(df: pd.DataFrame, metric: str, x: str) -> pd.DataFrame:
+    """Where each trial that stopped before its end (errored or interrupted: :func:`unfinished_trials`; a trial still
+    running is left to draw on) made its last report with a finite ``metric``: that row of the table, with
+    ``ended`` (``trial_id: errored at step 20``). Empty when every trial finished."""
+    if df.empty or metric not in df.columns or x not in df.columns:
+        return df.iloc[0:0].assign(ended=pd.Series(dtype=object))
+    stopped = unfinished_trials(df[df["status"].astype(str) != "RUNNING"] if "status" in df.columns else df)
+    rows = df[df["trial_id"].astype(str).isin(list(stopped)) & df[metric].notna()]
+    rows = rows.sort_values("training_iteration").drop_duplicates("trial_id", keep="last")
+    return rows.assign(ended=rows["trial_id"].astype(str).map(lambda t: f"{t}: {stopped[t]}"))
+
+
+def add_ended_marks(fig: go.Figure, marks: pd.DataFrame, where: dict[Any, tuple[int, int]]) -> None:
+    """Draw the rows of a curve panel's data whose ``ended`` is set as a red ✕ at the trial's last report (one
+    legend entry, :data:`ENDED_NAME`); hovering names the trial and why it did not finish."""
+    shown = False
+    for facet, g in marks.groupby("facet", sort=False):
+        row, col = where[facet]
+        fig.add_trace(
+            go.Scatter(
+                x=g["x"],
+                y=g["mean"],
+                mode="markers",
+                name=ENDED_NAME,
+                legendgroup="ended",
+                showlegend=not shown,
+                marker={"symbol": "x", "size": 11, "color": ENDED_COLOR, "line": {"width": 1, "color": "white"}},
+                hovertext=g["ended"],
+                hovertemplate="%{hovertext}<br>x=%{x}<br>y=%{y:.4f}<extra></extra>",
+            ),
+            row=row,
+            col=col,
+        )
+        shown = True
 
 
 # --------------------------------------------------------------------------- colours and layout

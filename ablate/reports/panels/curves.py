@@ -6,6 +6,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from ablate.analysis.compare import seed_ci
+from ablate.analysis.finished import unfinished_trials
 from ablate.analysis.run import RunContext, final_rows
 from ablate.analysis.stats import seed_stats
 from ablate.columns import parse_lambda_hat
@@ -13,8 +14,10 @@ from ablate.config import RunConfig
 from ablate.reports.panels.base import (
     PanelKind,
     PanelSpec,
+    add_ended_marks,
     axes_in,
     empty_figure,
+    ended_marks,
     finish,
     group_key,
     label_value,
@@ -34,8 +37,18 @@ from ablate.reports.panels.options import LambdaHatCurves, LossVsFloor, R2Curves
 
 
 # --------------------------------------------------------------------------- r2_curves
+def _with_ended_marks(stats: pd.DataFrame, df: pd.DataFrame, axes: list[str], x: str, metric: str) -> pd.DataFrame:
+    """A curve's seed statistics (``ended`` empty) and, for each trial that stopped before its end, a row at its
+    last report (``mean``: its value, ``n_seeds`` 1, ``ended``: the trial and why; :func:`ended_marks`)."""
+    marks = ended_marks(df, metric, x)
+    if marks.empty:
+        return stats
+    marks = marks[[*axes, x, metric, "ended"]].rename(columns={x: "x", metric: "mean"})
+    return pd.concat([stats, marks.assign(lo=float("nan"), hi=float("nan"), n_seeds=1)], ignore_index=True)
+
+
 def _r2_curves_data(df: pd.DataFrame, spec: R2Curves, ctx: RunContext) -> pd.DataFrame:
-    cols = ["facet", "color", "series", "metric", "x", "mean", "lo", "hi", "n_seeds"]
+    cols = ["facet", "color", "series", "metric", "x", "mean", "lo", "hi", "n_seeds", "ended"]
     x = spec.x
     metrics = metric_columns(df, spec.y)
     if df.empty or not metrics or x not in df.columns:
@@ -49,7 +62,8 @@ def _r2_curves_data(df: pd.DataFrame, spec: R2Curves, ctx: RunContext) -> pd.Dat
         if sub.empty:
             continue
         band = seed_ci if spec.band == "ci95" else seed_stats  # lo/hi: the 95 % interval, or min and max
-        stats = band(sub, [*axes, x], metric).rename(columns={x: "x"})
+        stats = band(sub, [*axes, x], metric).rename(columns={x: "x"}).assign(ended="")
+        stats = _with_ended_marks(stats, df, axes, x, metric)
         stats["metric"] = metric
         stats["series"] = stats.apply(lambda r: point_label({a: r[a] for a in axes}), axis=1)
         if len(metrics) > 1:
@@ -65,7 +79,7 @@ def _r2_curves_data(df: pd.DataFrame, spec: R2Curves, ctx: RunContext) -> pd.Dat
     if not frames:
         return pd.DataFrame(columns=cols)
     out = pd.concat(frames, ignore_index=True)
-    return out.sort_values(["facet", "series", "x"], key=natural_col, kind="stable").reset_index(drop=True)
+    return out.sort_values(["facet", "series", "ended", "x"], key=natural_col, kind="stable").reset_index(drop=True)
 
 
 def _draw_curves(
@@ -82,6 +96,8 @@ def _draw_curves(
     fig, where = make_facets([f for f in facets], shared_yaxes=True)
     colors = palette(sorted(sorted_unique(data["color"]), key=lambda v: sort_key(label_value(v))))
     shown: set[str] = set()
+    marks = data[data["ended"] != ""]
+    data = data[data["ended"] == ""]
     for (facet, series), g in data.groupby(["facet", "series"], sort=False):
         row, col = where[facet]
         c = colors.get(g["color"].iloc[0], "#444")
@@ -120,6 +136,7 @@ def _draw_curves(
             col=col,
         )
         shown.add(legend)
+    add_ended_marks(fig, marks, where)
     fig = finish(fig, spec, x=x_title, y=y_title, log_x=log_x, log_y=log_y)
     if y_range:
         fig.update_yaxes(range=y_range)
@@ -160,10 +177,22 @@ def _lambda_hat_data(df: pd.DataFrame, spec: LambdaHatCurves, ctx: RunContext) -
         return pd.DataFrame(columns=cols)
     axes = axes_in(df, ctx)
     facet_axes = [a for a in spec.facet if a in axes] or axes
-    # one trial per facet (the lowest seed): Λ̂ of different seeds would not be comparable dimension by dimension
-    fin = final_rows(df).sort_values("seed", key=natural_col, kind="stable")
-    fin = fin.assign(facet=fin.apply(lambda r: group_key(r, facet_axes), axis=1))
-    chosen = fin.drop_duplicates("facet")
+    # one trial per facet (the lowest seed that finished): Λ̂ of different seeds would not be comparable dimension
+    # by dimension; where no trial of a facet finished, its title names the one shown and why it did not
+    stopped = unfinished_trials(df)
+    fin = final_rows(df)
+    fin = fin.assign(
+        facet=fin.apply(lambda r: group_key(r, facet_axes), axis=1),
+        stopped=fin["trial_id"].astype(str).map(lambda t: stopped.get(t, "")),
+    )
+    fin = fin.sort_values("seed", key=natural_col, kind="stable")
+    chosen = fin.sort_values("stopped", key=lambda s: s != "", kind="stable").drop_duplicates("facet")  # finished first
+    chosen = chosen.assign(
+        facet=[
+            " · ".join(p for p in (facet, f"{trial} {why}") if p) if why else facet
+            for facet, trial, why in zip(chosen["facet"], chosen["trial_id"], chosen["stopped"])
+        ]
+    )
     chosen = chosen.sort_values("facet", key=natural_col, kind="stable").head(spec.max_facets)
     x = spec.x
     rows = []
@@ -265,7 +294,7 @@ def _lambda_hat_draw(data: pd.DataFrame, spec: LambdaHatCurves, ctx: RunContext)
 
 # --------------------------------------------------------------------------- loss_vs_floor (Fig. 2C)
 def _loss_floor_data(df: pd.DataFrame, spec: LossVsFloor, ctx: RunContext) -> pd.DataFrame:
-    cols = ["facet", "color", "series", "kind", "x", "mean", "lo", "hi", "n_seeds"]
+    cols = ["facet", "color", "series", "kind", "x", "mean", "lo", "hi", "n_seeds", "ended"]
     loss, x = spec.loss, spec.x
     if df.empty or loss not in df.columns or x not in df.columns:
         return pd.DataFrame(columns=cols)
@@ -279,7 +308,9 @@ def _loss_floor_data(df: pd.DataFrame, spec: LossVsFloor, ctx: RunContext) -> pd
         sub = df[df[column].notna()]
         if sub.empty:
             continue
-        stats = seed_stats(sub, [*axes, x], column).rename(columns={x: "x"})
+        stats = seed_stats(sub, [*axes, x], column).rename(columns={x: "x"}).assign(ended="")
+        if kind == "loss":
+            stats = _with_ended_marks(stats, df, axes, x, column)
         stats["kind"] = kind
         stats["series"] = stats.apply(lambda r: point_label({a: r[a] for a in axes}), axis=1)
         stats["color"] = stats.apply(lambda r: group_key(r, color_axes), axis=1) if color_axes else stats["series"]
@@ -288,7 +319,8 @@ def _loss_floor_data(df: pd.DataFrame, spec: LossVsFloor, ctx: RunContext) -> pd
     if not frames:
         return pd.DataFrame(columns=cols)
     out = pd.concat(frames, ignore_index=True)
-    return out.sort_values(["facet", "series", "kind", "x"], key=natural_col, kind="stable").reset_index(drop=True)
+    out = out.sort_values(["facet", "series", "kind", "ended", "x"], key=natural_col, kind="stable")
+    return out.reset_index(drop=True)
 
 
 def _loss_floor_draw(data: pd.DataFrame, spec: LossVsFloor, ctx: RunContext) -> go.Figure:
@@ -298,6 +330,8 @@ def _loss_floor_draw(data: pd.DataFrame, spec: LossVsFloor, ctx: RunContext) -> 
     fig, where = make_facets(facets, shared_yaxes=True)
     colors = palette(sorted(sorted_unique(data["color"]), key=lambda v: sort_key(label_value(v))))
     shown: set[str] = set()
+    marks = data[data["ended"] != ""]
+    data = data[data["ended"] == ""]
     for (facet, series, kind), g in data.groupby(["facet", "series", "kind"], sort=False):
         row, col = where[facet]
         color = str(g["color"].iloc[0])
@@ -318,6 +352,7 @@ def _loss_floor_draw(data: pd.DataFrame, spec: LossVsFloor, ctx: RunContext) -> 
             col=col,
         )
         shown.add(name)
+    add_ended_marks(fig, marks, where)
     return finish(
         fig,
         spec,

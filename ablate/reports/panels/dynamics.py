@@ -6,7 +6,8 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from ablate.analysis.run import RunContext, final_rows
+from ablate.analysis.finished import final_values
+from ablate.analysis.run import RunContext
 from ablate.analysis.stats import iterations_to_targets
 from ablate.reports.panels.base import (
     PanelKind,
@@ -111,7 +112,7 @@ def _hist_data(df: pd.DataFrame, spec: SimilarityHistograms, ctx: RunContext) ->
     cols = ["facet", "kind", "bin_center", "density", "overlap", "n_seeds"]
     if df.empty or "sim_pos_hist" not in df.columns:
         return pd.DataFrame(columns=cols)
-    fin = final_rows(df)
+    fin = final_values(df)  # the trials that finished
     fin = fin[fin["sim_pos_hist"].map(lambda v: isinstance(v, list | np.ndarray) and len(v) > 0)]
     if fin.empty:
         return pd.DataFrame(columns=cols)
@@ -182,6 +183,7 @@ register(
         _itt_data,
         _itt_draw,
         IterationsToTarget,
+        finals=True,
     )
 )
 
@@ -194,5 +196,6 @@ register(
         _hist_data,
         _hist_draw,
         SimilarityHistograms,
+        finals=True,
     )
 )

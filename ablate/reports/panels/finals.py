@@ -7,7 +7,8 @@ from typing import Any
 import pandas as pd
 import plotly.graph_objects as go
 
-from ablate.analysis.run import RunContext, final_rows
+from ablate.analysis.finished import final_values
+from ablate.analysis.run import RunContext
 from ablate.analysis.stats import block_r2, fixed_lambda_losses, seed_stats
 from ablate.reports.panels.base import (
     PanelKind,
@@ -32,7 +33,7 @@ def _final_heatmap_data(df: pd.DataFrame, spec: FinalHeatmap, ctx: RunContext) -
     x, y, metric = spec.x, spec.y, spec.metric
     if df.empty or x not in df.columns or y not in df.columns or metric not in df.columns:
         return pd.DataFrame(columns=cols)
-    fin = final_rows(df)
+    fin = final_values(df)  # the trials that finished
     facet_axes = [a for a in spec.facet if a in fin.columns]
     fin = fin.assign(facet=fin.apply(lambda r: group_key(r, facet_axes), axis=1) if facet_axes else "")
     g = fin.groupby(["facet", x, y], dropna=False, sort=False)[metric]
@@ -199,7 +200,7 @@ def _bars_data(df: pd.DataFrame, spec: EnsembleBars, ctx: RunContext) -> pd.Data
     x, metric = spec.x, spec.metric
     if df.empty or x not in df.columns or metric not in df.columns:
         return pd.DataFrame(columns=cols)
-    fin = final_rows(df)
+    fin = final_values(df)  # the trials that finished
     facet_axes = [a for a in spec.facet if a in fin.columns]
     fin = fin.assign(facet=fin.apply(lambda r: group_key(r, facet_axes), axis=1) if facet_axes else "")
     g = fin.groupby(["facet", x], dropna=False, sort=False)[metric]
@@ -271,6 +272,7 @@ register(
         _final_heatmap_data,
         _final_heatmap_draw,
         FinalHeatmap,
+        finals=True,
     )
 )
 
@@ -283,6 +285,7 @@ register(
         _blocks_data,
         _blocks_draw,
         R2BlocksVsLambda,
+        finals=True,
     )
 )
 
@@ -294,6 +297,7 @@ register(
         _fixed_lambda_data,
         _fixed_lambda_draw,
         LossVsFixedLambda,
+        finals=True,
     )
 )
 
@@ -305,5 +309,6 @@ register(
         _bars_data,
         _bars_draw,
         EnsembleBars,
+        finals=True,
     )
 )

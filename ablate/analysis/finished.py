@@ -1,0 +1,72 @@
+"""Which trials finished, and why each other one did not: the one rule compare, the claims and the report share.
+
+A trial's last report is its final value only when the trial finished: its status (:func:`ablate.trial_log.trial_status`)
+is TERMINATED, it reached its stop or its scheduler stopped it. A trial that errored (its loss went non-finite, its last
+row holding :data:`ablate.trial_log.ERROR_KEY`, or Ray gave up on it), was interrupted or is still running ended at
+another step, so its last report is not comparable with a finished trial's final value. Every final value
+(``ablate compare`` at ``final``, the claims, the report's grid points and final-value panels) is read from
+:func:`finished_only`'s table, and every trial left out is named with why (:func:`unfinished_trials`) in one line
+worded by :func:`left_out_line`.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from ablate.analysis.run import final_rows
+
+__all__ = [
+    "FINISHED_STATUSES",
+    "NAMED_LEFT_OUT",
+    "final_values",
+    "finished_only",
+    "left_out_line",
+    "unfinished_trials",
+]
+
+#: Trial statuses whose last report is the trial's end.
+FINISHED_STATUSES = frozenset({"TERMINATED"})
+#: How a left-out trial's status reads.
+_STATUS_WORDS = {"ERROR": "errored", "INTERRUPTED": "interrupted", "RUNNING": "still running"}
+#: Left-out trials named in :func:`left_out_line`; the rest are counted.
+NAMED_LEFT_OUT = 10
+
+
+def unfinished_trials(df: pd.DataFrame) -> dict[str, str]:
+    """trial id → why its last report is not its end (``errored at step 7``, ``interrupted at step 5``, ``still
+    running at step 3``), for each trial of the table that did not finish; {} for a table without statuses."""
+    if df.empty or "status" not in df.columns:
+        return {}
+    out = {}
+    for _, row in final_rows(df).iterrows():
+        status = str(row["status"])
+        if status in FINISHED_STATUSES:
+            continue
+        step = row.get("step")
+        at = f" at step {int(step)}" if step is not None and pd.notna(step) else ""
+        out[str(row["trial_id"])] = f"{_STATUS_WORDS.get(status, status.lower())}{at}"
+    return out
+
+
+def finished_only(df: pd.DataFrame) -> pd.DataFrame:
+    """The rows of the trials that finished (every report of each; ``attrs`` kept). A table without statuses is
+    returned as it is."""
+    if df.empty or "status" not in df.columns:
+        return df
+    out = df[df["status"].astype(str).isin(FINISHED_STATUSES)]
+    out.attrs.update(df.attrs)
+    return out
+
+
+def final_values(df: pd.DataFrame) -> pd.DataFrame:
+    """The final report of each trial that finished (:func:`ablate.analysis.run.final_rows` of
+    :func:`finished_only`): what a final value is read from."""
+    return final_rows(finished_only(df))
+
+
+def left_out_line(left_out: dict[str, str], why: str) -> str:
+    """One line: how many trials did not finish and were left out (``why``: what that means for the reader), each
+    named with why it did not finish; past :data:`NAMED_LEFT_OUT` the rest are counted."""
+    named = "; ".join(f"{t} ({reason})" for t, reason in list(left_out.items())[:NAMED_LEFT_OUT])
+    more = f"; … and {len(left_out) - NAMED_LEFT_OUT} more" if len(left_out) > NAMED_LEFT_OUT else ""
+    return f"left out: {len(left_out)} trial(s) that did not finish ({why}): {named}{more}"

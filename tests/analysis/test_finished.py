@@ -1,0 +1,54 @@
+"""Which trials finished (``ablate.analysis.finished``): the one rule compare, the claims and the report share (issue
+36), on a run folder built by hand with finished, errored and interrupted trials (tests/unfinished_runs.py)."""
+
+from __future__ import annotations
+
+import pandas as pd
+from unfinished_runs import ERRORED, INTERRUPTED, LEFT_OUT, unfinished_run
+
+from ablate.analysis.claims import evaluate_run
+from ablate.analysis.compare import compare, point_table
+from ablate.analysis.finished import final_values, finished_only, left_out_line, unfinished_trials
+from ablate.analysis.run import load_run
+
+
+def test_the_rule_reads_each_trials_status():
+    df = pd.DataFrame(
+        {
+            "trial_id": ["done", "done", "nan", "nan", "cut", "live", "odd"],
+            "status": ["TERMINATED", "TERMINATED", "ERROR", "ERROR", "INTERRUPTED", "RUNNING", "UNKNOWN"],
+            "training_iteration": [1, 2, 1, 2, 1, 1, 1],
+            "step": [10, 20, 10, 20, 10, 10, float("nan")],
+            "r2": [0.4, 0.8, 0.3, None, 0.2, 0.1, 0.5],
+        }
+    )
+    df.attrs["grid"] = "g"
+    assert unfinished_trials(df) == {
+        "nan": "errored at step 20",
+        "cut": "interrupted at step 10",
+        "live": "still running at step 10",
+        "odd": "unknown",
+    }
+    kept = finished_only(df)
+    assert set(kept["trial_id"]) == {"done"} and len(kept) == 2 and kept.attrs["grid"] == "g"
+    assert final_values(df)[["trial_id", "r2"]].to_dict("records") == [{"trial_id": "done", "r2": 0.8}]
+    no_status = df.drop(columns="status")
+    assert unfinished_trials(no_status) == {} and finished_only(no_status) is no_status
+
+
+def test_the_line_names_ten_and_counts_the_rest():
+    many = {f"t{i}": f"errored at step {i}" for i in range(12)}
+    line = left_out_line(many, "why")
+    assert line.startswith("left out: 12 trial(s) that did not finish (why): t0 (errored at step 0); t1 (")
+    assert "t9 (errored at step 9); … and 2 more" in line and "t10" not in line
+
+
+def test_compare_claims_and_the_report_leave_out_the_same_trials_with_the_same_words(tmp_path):
+    run_dir = unfinished_run(tmp_path / "run")
+    df = load_run(run_dir).df
+    assert unfinished_trials(df) == LEFT_OUT
+    assert compare(df, "variant").attrs["left_out"] == LEFT_OUT
+    assert point_table(df, ["variant"]).attrs["left_out"] == LEFT_OUT
+    (claim,) = evaluate_run(run_dir)
+    assert claim.left_out == LEFT_OUT
+    assert not {ERRORED, INTERRUPTED} & set(final_values(df)["trial_id"])
