@@ -222,6 +222,38 @@ def test_ctrl_c_leaves_an_honest_status_exit_130_and_ablate_s_resume_command(tmp
     assert "finished: 4  running: 0  interrupted: 0" in status, status
 
 
+@pytest.mark.ray
+def test_sparse_checkpoints_resume_after_kill_9_to_the_same_numbers(tmp_path, uninterrupted):
+    """--checkpoint-every 3600: a trial checkpoints its first report and its last only. kill -9 of the driver
+    mid-trial, then --resume: the cut trial continues from its first report's checkpoint, the reports after it are
+    trained again to the same numbers, and each step is in the log once."""
+    run_dir = tmp_path / "r"
+    proc = _start(_cmd(tmp_path, "r", "--checkpoint-every", "3600"))
+    try:
+        deadline = time.time() + 180
+        while time.time() < deadline and proc.poll() is None:
+            if any(4 <= len(v) < REPORTS for v in _rows(run_dir).values()):
+                break
+            time.sleep(0.05)
+    finally:
+        _kill_group(proc)
+    for trial in run_dir.glob("trial_*"):
+        steps = sorted(int(p.name.removeprefix("checkpoint_")) for p in trial.glob("checkpoint_*"))
+        logged = [r["step"] for r in _rows(run_dir).get(trial.name, [])]
+        if logged and logged[-1] == STEPS:
+            assert steps == [5, STEPS], (trial.name, steps)
+        elif logged:  # the first report's checkpoint, and none after it (the last report's write may be in flight)
+            assert steps[:1] == [5] and all(s == 5 for s in steps), (trial.name, steps, logged)
+    code, out = run_logged(
+        _cmd(tmp_path, "r", "--checkpoint-every", "3600", "--resume"), tmp_path / "resume.log", env=_env()
+    )
+    assert code == 0, out[-3000:]
+    for name, trial_rows in _rows(run_dir).items():
+        assert [r["step"] for r in trial_rows] == list(range(5, STEPS + 1, 5)), f"{name}: duplicated or missing"
+    for point, last in _final_by_point(run_dir).items():
+        assert last["r2"] == uninterrupted[point]["r2"] and last["loss"] == uninterrupted[point]["loss"], point
+
+
 @pytest.fixture()
 def small_disk(tmp_path):
     """A 3 MB tmpfs (mounting needs root), unmounted afterwards."""

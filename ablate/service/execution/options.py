@@ -83,6 +83,14 @@ class RunOptions(BaseModel):
         description="checkpoints kept per trial; a retry or a resume continues from the newest",
         json_schema_extra=_meta(commands=("run",), resume=False),
     )
+    checkpoint_every: float = Field(
+        0.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="seconds between a trial's checkpoints, at a report (its last report and a stop always write "
+        "one; a kill costs at most this much training, done again to the same numbers); 0 = every report",
+        json_schema_extra=_meta(commands=("run",), resume=False),
+    )
     max_failures: int = Field(
         2,
         ge=0,

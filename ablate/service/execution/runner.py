@@ -238,7 +238,8 @@ def _run_locked(grid: Grid, opts: RunOptions, *, on_start, on_plan, trainable, n
         if grid.search == "optuna":
             check_study(run_dir)
     remove_file(f"{run_dir}/{INTERRUPTED_FILE}")  # a driver runs the trials again
-    plan = plan_run(grid, run_dir, pack=pack, keep=keep_checkpoints) if grid.search == "grid" else None
+    every = opts.checkpoint_every
+    plan = plan_run(grid, run_dir, pack=pack, keep=keep_checkpoints, every=every) if grid.search == "grid" else None
     write_marker(run_dir, _marker(grid, run_dir, plan, pack))
     record_provenance(run_dir, "resume" if exists else "start", plugins=grid_plugins(grid))
     if on_plan is not None and plan is not None:
@@ -265,7 +266,7 @@ def _run_locked(grid: Grid, opts: RunOptions, *, on_start, on_plan, trainable, n
     ray_storage = tempfile.mkdtemp(prefix=f"ablate-tune-{run_name}-")
     tuner = tune.Tuner(
         tune.with_resources(trainable, {"cpu": cpus_per_trial, "gpu": gpus_per_trial}),
-        param_space=_param_space(grid, plan, run_dir, keep_checkpoints),
+        param_space=_param_space(grid, plan, run_dir, keep_checkpoints, every),
         tune_config=tune_config(
             grid, max_concurrent, run_dir, n_samples=_samples_left(grid, run_dir), units=_units(grid, plan)
         ),
@@ -308,14 +309,14 @@ def _run_locked(grid: Grid, opts: RunOptions, *, on_start, on_plan, trainable, n
     return outcome
 
 
-def _param_space(grid: Grid, plan: Plan | None, run_dir: str, keep: int) -> dict[str, Any]:
+def _param_space(grid: Grid, plan: Plan | None, run_dir: str, keep: int, every: float = 0.0) -> dict[str, Any]:
     """A search's space with the record's folder (each trial's id follows from its settings); a grid's units are
     handed to Tune one at a time by :class:`ablate.service.execution.search.UnitSearcher`, so its space is empty."""
     if plan is not None:
         return {}
     space = grid.param_space()
     metric = grid.optuna.metric if grid.optuna is not None else None  # a trial that fails reports it (as NaN)
-    space[RECORD_KEY] = {"dir": run_dir, "keep": keep, "shown": grid.axis_names(), "metric": metric}
+    space[RECORD_KEY] = {"dir": run_dir, "keep": keep, "every": every, "shown": grid.axis_names(), "metric": metric}
     return space
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import time
 from pathlib import Path
@@ -183,6 +184,7 @@ class AblateTrainable(tune.Trainable):
             lock.release()
 
     def cleanup(self) -> None:
+        self._flush_checkpoint()
         self._release_record()
 
     def _covered(self):
@@ -193,10 +195,17 @@ class AblateTrainable(tune.Trainable):
     def _save_to_record(self, final: bool = False) -> None:
         """The checkpoint after a report, in the trial's own folder, written by a thread while the next steps train
         (:mod:`ablate.service.records.checkpoint_writer`; a checkpoint counts once its report is in the log and its
-        file is whole); the ``final`` report's is on disk before the report goes to Ray."""
+        file is whole); the ``final`` report's is on disk before the report goes to Ray. With ``--checkpoint-every
+        S``, only at the first report S seconds after the last checkpoint (and the final one, and at a stop)."""
         folder = self._record_dir()
         if folder is None:
             return
+        every = float(self._record.get("every", 0.0))
+        now = time.monotonic()
+        if not final and every > 0 and now - getattr(self, "_checkpoint_at", -math.inf) < every:
+            self._unsaved = True  # written at the next chosen report, or by _flush_checkpoint at a stop
+            return
+        self._checkpoint_at, self._unsaved = now, False
         writer = getattr(self, "_writer", None)
         if writer is None or writer.trial_dir != folder:  # one per record (_release_record finishes it)
             if writer is not None:
@@ -209,7 +218,17 @@ class AblateTrainable(tune.Trainable):
         folder = self._record_dir()
         return None if folder is None else last_step(folder / RESULT_FILE)
 
+    def _flush_checkpoint(self) -> None:
+        """At a stop or before the actor takes another trial: the last report's checkpoint, if the interval skipped
+        it (the state is still that report's: nothing trains between a report and a stop)."""
+        if getattr(self, "_unsaved", False) and self._record_dir() is not None:
+            try:
+                self._save_to_record(final=True)
+            except Exception as exc:  # noqa: BLE001 - the trial is ending; its record keeps the checkpoint before
+                _log.warning("trial %s: its last checkpoint was not written: %s", self.trial_name, exc)
+
     def reset_config(self, new_config: dict[str, Any]) -> bool:
+        self._flush_checkpoint()
         self._build(new_config)
         return True
 

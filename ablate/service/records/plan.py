@@ -166,12 +166,13 @@ def check_trial_folders(run_dir: str | Path) -> None:
             )
 
 
-def plan_run(grid: Grid, run_dir: str | Path, *, pack: int = 1, keep: int = 2) -> Plan:
+def plan_run(grid: Grid, run_dir: str | Path, *, pack: int = 1, keep: int = 2, every: float = 0.0) -> Plan:
     """Decide, from the run directory's files, what running ``grid`` into it does; write each point's params.json,
     cut the logs of the trials that continue back to their checkpoint, and return the :class:`Plan`.
 
     ``pack`` > 1: the points that remain train in packs of up to ``pack`` points (packs already in the run keep
-    their members). ``keep``: checkpoints each trial keeps.
+    their members). ``keep``: checkpoints each trial keeps; ``every``: seconds between its checkpoints (0: every
+    report).
     """
     run_dir = Path(run_dir)
     existing = _existing(run_dir)
@@ -190,7 +191,7 @@ def plan_run(grid: Grid, run_dir: str | Path, *, pack: int = 1, keep: int = 2) -
         _write_params(run_dir, p)
         (plan.continued if action == "continue" else plan.started).append(p.trial_id)
         todo.append(p)
-    record = {"dir": str(run_dir), "keep": keep}
+    record = {"dir": str(run_dir), "keep": keep, "every": every}
     if pack > 1:
         _plan_packs(plan, todo, run_dir, pack, record)
         return plan
