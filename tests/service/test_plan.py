@@ -36,8 +36,8 @@ def _finished_run(run_dir: Path, steps: int, report_every: int = 5) -> list[str]
     return ids
 
 
-def _snapshot(run_dir: Path) -> dict[str, str]:
-    return {str(p.relative_to(run_dir)): p.read_text() for p in sorted(run_dir.rglob("*")) if p.is_file()}
+def _snapshot(run_dir: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(run_dir)): p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file()}
 
 
 def test_a_finished_run_is_reused_point_for_point(tmp_path):
@@ -135,3 +135,104 @@ def test_a_search_trial_killed_while_its_settings_were_drawn_is_closed_not_evalu
     ]
     assert states == [optuna.trial.TrialState.FAIL] * 2
     assert finished_samples(grid, str(tmp_path)) == 0  # closed as continued: neither counts against the budget
+
+
+# ------------------------------------------------------------------ the plan as a decision (decide_run), then its writes
+
+
+def _checkpoints(run_dir: Path, ids: list[str], steps: list[int]) -> None:
+    from ablate.service.records.trial import write_checkpoint
+
+    for tid in ids:
+        for step in steps:
+            write_checkpoint(run_dir / f"{TRIAL_PREFIX}{tid}", {"step": step}, keep=len(steps))
+
+
+def _log_of(run_dir: Path, tid: str) -> list[int]:
+    path = run_dir / f"{TRIAL_PREFIX}{tid}" / RESULT_FILE
+    return [json.loads(line)["step"] for line in path.read_text().splitlines() if line.strip()]
+
+
+def _scenario(name: str, run_dir: Path):
+    """A run made by the test, changed as a user changes it, and the grid run into it next."""
+    ids = _finished_run(run_dir, 10)
+    _checkpoints(run_dir, ids, [5, 10])
+    grid = _grid()
+    if name == "cut log":  # a kill tore the last line of one trial's log: it continues from step 5
+        path = run_dir / f"{TRIAL_PREFIX}{ids[0]}" / RESULT_FILE
+        path.write_text(path.read_text()[:-7])
+    elif name == "damaged checkpoint":  # the newest checkpoint is garbage and the log was cut to step 5 by hand
+        (run_dir / f"{TRIAL_PREFIX}{ids[0]}" / "checkpoint_000000010" / "state.pt").write_bytes(b"garbage")
+        grid.apply_settings({"max_steps": 15}, "--set", axes_win=False)
+    elif name == "more seeds":
+        grid.apply_settings({"seeds": [0, 1]}, "--set", axes_win=False)
+    elif name == "higher max_steps":
+        grid.apply_settings({"max_steps": 20}, "--set", axes_win=False)
+    elif name == "changed report_every":  # not a science setting: the same points, finished
+        grid.apply_settings({"report_every": 2}, "--set", axes_win=False)
+    elif name == "science --set":  # another lr: new points beside the old ones
+        grid.apply_settings({"lr": 0.001}, "--set", axes_win=False)
+    elif name == "tampered params.json":  # a finished trial stays as it ended, its params.json untouched
+        path = run_dir / f"{TRIAL_PREFIX}{ids[0]}" / PARAMS_FILE
+        path.write_text(path.read_text().replace('"seed": 0', '"seed": 0, "lr": 0.5'))
+    elif name == "another grid in the run":
+        grid = load_grid("tricl", "smoke")
+    return ids, grid
+
+
+#: scenario → (reused, continued, started) and, for the first trial, the step its log is cut back to (None: kept)
+SCENARIOS = {
+    "finished": ((4, 0, 0), None),
+    "cut log": ((3, 1, 0), 5),
+    "damaged checkpoint": ((0, 4, 0), 5),
+    "more seeds": ((4, 0, 4), None),
+    "higher max_steps": ((0, 4, 0), 10),
+    "changed report_every": ((4, 0, 0), None),
+    "science --set": ((0, 0, 4), None),
+    "tampered params.json": ((4, 0, 0), None),
+    "another grid in the run": (None, None),
+}
+
+
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_the_plan_is_decided_from_the_files_without_writing_then_applied(tmp_path, name):
+    from ablate.service.records.plan import apply_plan, decide_run
+
+    ids, grid = _scenario(name, tmp_path)
+    before = _snapshot(tmp_path)
+    plan = decide_run(grid, tmp_path)
+    assert _snapshot(tmp_path) == before, "deciding wrote into the run"
+    counts, cut = SCENARIOS[name]
+    if counts is not None:
+        assert (len(plan.reused), len(plan.continued), len(plan.started)) == counts
+    else:  # another grid's points: all new, the first grid's trials not touched
+        assert plan.started and not plan.reused and not set(plan.started) & set(ids)
+    if cut is not None:
+        assert plan.cuts[ids[0]] == cut and plan.drops[ids[0]] == cut
+    apply_plan(plan, tmp_path)
+    for p in plan.params:  # what apply writes: each trained point's params.json, the logs cut back
+        assert json.loads((tmp_path / f"{TRIAL_PREFIX}{p.trial_id}" / PARAMS_FILE).read_text()) == p.params
+    for tid, step in plan.cuts.items():
+        assert (
+            all(s <= step for s in _log_of(tmp_path, tid))
+            if (tmp_path / f"{TRIAL_PREFIX}{tid}" / RESULT_FILE).exists()
+            else True
+        )
+    untouched = [tid for tid in ids if tid in plan.reused] if counts is not None else ids
+    for tid in untouched:
+        prefix = f"{TRIAL_PREFIX}{tid}/"
+        assert {k: v for k, v in _snapshot(tmp_path).items() if k.startswith(prefix)} == {
+            k: v for k, v in before.items() if k.startswith(prefix)
+        }, f"{tid}: a reused trial was written to"
+
+
+def test_a_pack_plan_is_decided_without_writing_and_applied_with_its_pack_file(tmp_path):
+    from ablate.service.records.plan import apply_plan, decide_run
+
+    before = _snapshot(tmp_path)
+    grid = load_grid("batch_vs_lambda", "smoke")
+    plan = decide_run(grid, tmp_path, pack=4)
+    assert _snapshot(tmp_path) == before and plan.new_packs
+    apply_plan(plan, tmp_path)
+    for pid, members in plan.new_packs.items():
+        assert json.loads((tmp_path / f"{TRIAL_PREFIX}{pid}" / "pack.json").read_text()) == {"members": members}

@@ -4,7 +4,8 @@ For each of the grid's points (:func:`grid_points`): its trial finished (at the 
 ``target_r2``): reuse it; it has reports: continue it from its newest checkpoint that loads and that its log
 covers, the log cut back to that checkpoint; none: start it. A first run, ``--resume``, more seeds, a new axis
 value, a higher ``max_steps`` or a ``--set`` that makes new points are all the same operation
-(:func:`plan_run`); one fresh Ray Tune experiment then runs :attr:`Plan.units`, the work that remains.
+(:func:`plan_run`): a decision read from the files alone (:func:`decide_run`, which writes nothing), then its
+writes (:func:`apply_plan`); one fresh Ray Tune experiment then runs :attr:`Plan.units`, the work that remains.
 
 A pack (``--pack``) is one unit of several points; a pack that exists in the run keeps its members, new points
 are packed anew. Nothing Ray wrote is read.
@@ -38,7 +39,7 @@ from ablate.service.specs.grids import Grid
 from ablate.service.specs.params import RECORD_KEY, config_from_params
 from ablate.trial_log import cut_log, ended, intact_rows, read_rows
 
-__all__ = ["Plan", "Point", "RECORD_KEY", "decide", "grid_points", "plan_run"]
+__all__ = ["Plan", "Point", "RECORD_KEY", "apply_plan", "decide", "decide_run", "grid_points", "plan_run"]
 
 _log = logging.getLogger("ablate.service.records.plan")
 
@@ -64,6 +65,11 @@ class Plan:
     units: list[dict[str, Any]] = field(default_factory=list)
     kept_packs: int = 0  # packs that exist in the run and keep their members
     solo: dict[str, int] = field(default_factory=dict)  # with --pack: why points train solo → how many
+    # what applying it writes (apply_plan), decided without writing:
+    params: list[Point] = field(default_factory=list)  # points whose params.json is written (continued, started)
+    new_packs: dict[str, list[str]] = field(default_factory=dict)  # pack id → members: pack.json written
+    cuts: dict[str, int] = field(default_factory=dict)  # trial id → its log is cut back to this step (0: all)
+    drops: dict[str, int | None] = field(default_factory=dict)  # trial or pack id → checkpoints past it dropped
 
     def summary(self) -> str:
         """``N points: a reused, b continued, c started``."""
@@ -167,8 +173,16 @@ def check_trial_folders(run_dir: str | Path) -> None:
 
 
 def plan_run(grid: Grid, run_dir: str | Path, *, pack: int = 1, keep: int = 2, every: float = 0.0) -> Plan:
-    """Decide, from the run directory's files, what running ``grid`` into it does; write each point's params.json,
-    cut the logs of the trials that continue back to their checkpoint, and return the :class:`Plan`.
+    """Decide what running ``grid`` into the run directory does (:func:`decide_run`) and write it
+    (:func:`apply_plan`): each point's params.json, new packs' pack.json, the logs of the trials that continue cut
+    back to their checkpoint. Returns the :class:`Plan`."""
+    return apply_plan(decide_run(grid, run_dir, pack=pack, keep=keep, every=every), run_dir)
+
+
+def decide_run(grid: Grid, run_dir: str | Path, *, pack: int = 1, keep: int = 2, every: float = 0.0) -> Plan:
+    """What running ``grid`` into ``run_dir`` does, decided from the run directory's files without writing any:
+    per point reuse, continue (from which step) or start; the packs; and what :func:`apply_plan` will write.
+    Refuses (:class:`RunError`) a ``max_steps`` below what the run trained.
 
     ``pack`` > 1: the points that remain train in packs of up to ``pack`` points (packs already in the run keep
     their members). ``keep``: checkpoints each trial keeps; ``every``: seconds between its checkpoints (0: every
@@ -188,7 +202,7 @@ def plan_run(grid: Grid, run_dir: str | Path, *, pack: int = 1, keep: int = 2, e
         if action == "reuse":
             plan.reused.append(p.trial_id)
             continue
-        _write_params(run_dir, p)
+        plan.params.append(p)
         (plan.continued if action == "continue" else plan.started).append(p.trial_id)
         todo.append(p)
     record = {"dir": str(run_dir), "keep": keep, "every": every}
@@ -196,27 +210,41 @@ def plan_run(grid: Grid, run_dir: str | Path, *, pack: int = 1, keep: int = 2, e
         _plan_packs(plan, todo, run_dir, pack, record)
         return plan
     for p in todo:
-        _continue_solo(run_dir, p)
+        _continue_solo(plan, run_dir, p)
         plan.units.append(_unit(p, {**record, "id": p.trial_id}))
     return plan
 
 
-def _continue_solo(run_dir: Path, point: Point) -> None:
-    """Cut a trial's log back to the checkpoint it continues from (all of it without one), drop the checkpoints
-    past it; say when reports are run again."""
+def apply_plan(plan: Plan, run_dir: str | Path) -> Plan:
+    """Write what ``plan`` decided: params.json of its points, pack.json of its new packs, each cut log (saying
+    when reports are run again) and the checkpoints past each cut dropped. Returns ``plan``."""
+    run_dir = Path(run_dir)
+    for p in plan.params:
+        _write_params(run_dir, p)
+    for pid, members in plan.new_packs.items():
+        folder = run_dir / f"{TRIAL_PREFIX}{pid}"
+        folder.mkdir(parents=True, exist_ok=True)
+        text = json.dumps({"members": members}, indent=2)
+        atomic_write(folder / PACK_FILE, lambda f, t=text: f.write_text(t))
+    for tid, step in plan.cuts.items():
+        log = run_dir / f"{TRIAL_PREFIX}{tid}" / RESULT_FILE
+        rows = read_rows(log)
+        kept = cut_log(log, lambda r, s=step: r["step"] <= s)
+        if len(kept) < len(rows) and tid in plan.drops:  # a solo trial's (a pack says nothing per member)
+            _log.warning("%s: continues from step %d; its reports after it (%d) are run again", tid, step,
+                         len(rows) - len(kept))  # fmt: skip
+    for folder, step in plan.drops.items():
+        drop_checkpoints_after(run_dir / f"{TRIAL_PREFIX}{folder}", step)
+    return plan
+
+
+def _continue_solo(plan: Plan, run_dir: Path, point: Point) -> None:
+    """Where a trial continues from: its newest checkpoint that loads and that its log covers (step 0 without
+    one); its log is cut back to it and the checkpoints past it dropped (:func:`apply_plan`)."""
     folder = run_dir / f"{TRIAL_PREFIX}{point.trial_id}"
-    rows = read_rows(folder / RESULT_FILE)
-    state = resume_point(folder, solo_covered(rows))
-    step = state["step"] if state is not None else 0
-    kept = cut_log(folder / RESULT_FILE, lambda r: r["step"] <= step)
-    drop_checkpoints_after(folder, step if state is not None else None)
-    if len(kept) < len(rows):
-        _log.warning(
-            "%s: continues from step %d; its reports after it (%d) are run again",
-            point.trial_id,
-            step,
-            len(rows) - len(kept),
-        )
+    state = resume_point(folder, solo_covered(read_rows(folder / RESULT_FILE)))
+    plan.cuts[point.trial_id] = state["step"] if state is not None else 0
+    plan.drops[point.trial_id] = state["step"] if state is not None else None
 
 
 def _recorded_packs(run_dir: Path) -> dict[str, list[str]]:
@@ -247,7 +275,7 @@ def _plan_packs(plan: Plan, todo: list[Point], run_dir: Path, size: int, record:
             continue
         waiting.difference_update(members)
         plan.kept_packs += 1
-        _continue_pack(run_dir, pid, points)  # type: ignore[arg-type]
+        _continue_pack(plan, run_dir, pid, points)  # type: ignore[arg-type]
         plan.units.append(_pack_unit(points, {**record, "id": pid}))  # type: ignore[arg-type]
     for p in todo:  # each trains in a pack of its own
         ok, why = can_pack(p.config)
@@ -257,11 +285,8 @@ def _plan_packs(plan: Plan, todo: list[Point], run_dir: Path, size: int, record:
     for group in pack_groups([p.config for p in fresh], size):
         points = [fresh[i] for i in group]
         pid = pack_id([p.trial_id for p in points])
-        folder = run_dir / f"{TRIAL_PREFIX}{pid}"
-        folder.mkdir(parents=True, exist_ok=True)
-        text = json.dumps({"members": [p.trial_id for p in points]}, indent=2)
-        atomic_write(folder / PACK_FILE, lambda f, t=text: f.write_text(t))
-        _continue_pack(run_dir, pid, points)
+        plan.new_packs[pid] = [p.trial_id for p in points]
+        _continue_pack(plan, run_dir, pid, points)
         plan.units.append(_pack_unit(points, {**record, "id": pid}))
 
 
@@ -274,15 +299,15 @@ def _recorded_point(run_dir: Path, trial_id: str) -> Point | None:
         return None
 
 
-def _continue_pack(run_dir: Path, pid: str, points: list[Point]) -> None:
-    """Cut each member's log back to its step in the pack checkpoint the pack continues from."""
-    folder = run_dir / f"{TRIAL_PREFIX}{pid}"
+def _continue_pack(plan: Plan, run_dir: Path, pid: str, points: list[Point]) -> None:
+    """Where a pack continues from: its newest checkpoint its members' logs cover; each member's log is cut back to
+    its step in it and the pack's checkpoints past it dropped (:func:`apply_plan`)."""
     logs = [run_dir / f"{TRIAL_PREFIX}{p.trial_id}" / RESULT_FILE for p in points]
-    state = resume_point(folder, pack_covered([read_rows(log) for log in logs]))
+    state = resume_point(run_dir / f"{TRIAL_PREFIX}{pid}", pack_covered([read_rows(log) for log in logs]))
     steps = member_steps(state) if state is not None else [0] * len(points)
-    for log, step in zip(logs, steps):
-        cut_log(log, lambda r, s=step: r["step"] <= s)
-    drop_checkpoints_after(folder, state["step"] if state is not None else None)
+    for p, step in zip(points, steps):
+        plan.cuts[p.trial_id] = step
+    plan.drops[pid] = state["step"] if state is not None else None
 
 
 def _pack_unit(points: list[Point], record: dict[str, Any]) -> dict[str, Any]:
