@@ -1,5 +1,10 @@
-"""Shared fixtures: one real local Ray session for the whole suite, helpers that run `ablate` in subprocesses, and
-the ``ray`` marker's check.
+"""Shared fixtures: one real local Ray session for the whole suite, helpers that run `ablate` in subprocesses, the
+``ablate_cli`` fixture that runs it in this process, and the ``ray`` marker's check.
+
+Which to use: a command refused before any compute (bad grid file, --set, --name, option, marker…) runs in-process
+through :func:`ablate_cli`: a subprocess would pay Python, torch and Ray's imports for one line of stderr. A
+subprocess is for what needs a process of its own: signals, kill -9, process groups, a real run's exit code, a
+closed pipe, the installed console script, environment variables read at import.
 
 Markers (pyproject.toml): ``ray`` — the test starts Ray, in this process or in a subprocess (set here on every test
 that uses :func:`ray_session`, and by hand on tests whose subprocesses start it); ``browser`` — it opens a headless
@@ -19,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -98,6 +104,85 @@ def ray_session():
         ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     yield ray
     ray.shutdown()
+
+
+def ray_running() -> bool:
+    """Whether Ray is initialised in this process (without importing Ray where nothing has)."""
+    ray = sys.modules.get("ray")
+    return bool(ray is not None and ray.is_initialized())
+
+
+@dataclass
+class CliRun:
+    """What one in-process `ablate ARGV` did; named as :class:`subprocess.CompletedProcess` names it."""
+
+    argv: list[str]
+    returncode: int
+    stdout: str
+    stderr: str
+    #: Ray was not initialised in this process before the command and is after it. (Where a test's
+    #: ``ray_session`` has Ray up already, the `run:` line and the storage folder tell whether a run started.)
+    ray_started: bool
+
+    def refusal(self, code: int = 2) -> str:
+        """The one ``ablate: error: …`` line of a command refused before any compute: exit ``code``, no traceback,
+        nothing else on stderr, no `run:` line (the run never started) and no Ray started."""
+        assert self.returncode == code, (self.argv, self.returncode, self.stdout[-2000:], self.stderr[-3000:])
+        assert "Traceback" not in self.stderr, self.stderr[-3000:]
+        lines = [x for x in self.stderr.splitlines() if x.strip()]
+        assert len(lines) == 1 and lines[0].startswith("ablate: error: "), self.stderr[-3000:]
+        assert "run: " not in self.stdout, "a run started"
+        assert not self.ray_started, f"`ablate {' '.join(self.argv)}` started Ray before refusing"
+        return lines[0]
+
+
+#: Signals whose handlers `ablate run` replaces while it runs and must give back.
+_HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@pytest.fixture()
+def ablate_cli(capsys, monkeypatch):
+    """``ablate_cli(*argv, cwd=None)``: run ``ablate ARGV`` in this process through :func:`ablate.cli.main`, its
+    output captured by ``capsys`` (earlier output is dropped first), an argparse ``SystemExit`` taken as its exit
+    code; returns a :class:`CliRun`.
+
+    What the command may change in this process is put back after each call: the working directory (``cwd``),
+    the environment, the root logger's handlers and level, torch's thread count. Signal handlers are checked
+    instead: `ablate` must restore them itself, and a leak fails the test.
+    """
+    import logging
+
+    def run(*argv: str, cwd: Path | str | None = None) -> CliRun:
+        from ablate import cli
+
+        if cwd is not None:
+            monkeypatch.chdir(cwd)
+        environ = dict(os.environ)
+        root = logging.getLogger()
+        handlers, level = list(root.handlers), root.level
+        torch = sys.modules.get("torch")
+        threads = torch.get_num_threads() if torch is not None else None
+        signals = {s: signal.getsignal(s) for s in _HANDLED_SIGNALS}
+        ray_before = ray_running()
+        capsys.readouterr()
+        try:
+            code = cli.main(list(argv))
+        except SystemExit as exc:  # argparse: a usage error (2), --help (0)
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        finally:
+            out, err = capsys.readouterr()
+            os.environ.clear()
+            os.environ.update(environ)
+            root.handlers[:], root.level = handlers, level
+            if threads is not None:
+                torch.set_num_threads(threads)
+            leaked = {s.name: h for s, h in ((s, signal.getsignal(s)) for s in _HANDLED_SIGNALS) if h != signals[s]}
+            for name in leaked:
+                signal.signal(signal.Signals[name], signals[signal.Signals[name]])
+        assert not leaked, f"`ablate {' '.join(argv)}` left signal handlers behind: {leaked}"
+        return CliRun(list(argv), code, out, err, ray_started=ray_running() and not ray_before)
+
+    return run
 
 
 def smoke_cmd(storage, *extra: str) -> list[str]:

@@ -1,4 +1,5 @@
-"""End-to-end tests of `ablate train` (run as ``python -m ablate.cli`` in a subprocess)."""
+"""End-to-end tests of `ablate train`: through the CLI's entry point in this process (tests/conftest.py's
+``ablate_cli``), and in a fresh interpreter where what it imports is the point."""
 
 from __future__ import annotations
 
@@ -11,32 +12,26 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def ablate(*args: str) -> subprocess.CompletedProcess:
-    # One thread keeps the tiny runs fast on a shared machine.
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    return subprocess.run(
-        [sys.executable, "-m", "ablate.cli", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+def test_train_prints_one_line_per_report(ablate_cli):
+    import torch
 
-
-def test_train_prints_one_line_per_report():
-    proc = ablate(
-        "train",
-        "--set",
-        "latent_dim=4",
-        "batch_size=64",
-        "encoder_widths=[4,4]",
-        "report_every=5",
-        "eval_samples=256",
-        "device=cpu",
-        "--steps",
-        "10",
-    )
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one thread keeps the tiny run fast on a shared machine
+    try:
+        proc = ablate_cli(
+            "train",
+            "--set",
+            "latent_dim=4",
+            "batch_size=64",
+            "encoder_widths=[4,4]",
+            "report_every=5",
+            "eval_samples=256",
+            "device=cpu",
+            "--steps",
+            "10",
+        )
+    finally:
+        torch.set_num_threads(threads)
     assert proc.returncode == 0, proc.stderr
     lines = [line for line in proc.stdout.splitlines() if line.startswith("step=")]
     assert [line.split()[0] for line in lines] == ["step=5", "step=10"], proc.stdout
@@ -56,8 +51,8 @@ def test_train_prints_one_line_per_report():
     assert "Traceback" not in proc.stderr
 
 
-def test_bad_value_exits_non_zero_with_a_message():
-    proc = ablate("train", "--set", "latent_dim=1", "--steps", "1")
+def test_bad_value_exits_non_zero_with_a_message(ablate_cli):
+    proc = ablate_cli("train", "--set", "latent_dim=1", "--steps", "1")
     assert proc.returncode != 0
     assert "latent_dim" in proc.stderr
     assert "greater than or equal to 2" in proc.stderr
@@ -65,8 +60,8 @@ def test_bad_value_exits_non_zero_with_a_message():
     assert "step=" not in proc.stdout
 
 
-def test_unknown_key_exits_non_zero_and_lists_allowed_keys():
-    proc = ablate("train", "--set", "latent_dims=4", "--steps", "1")
+def test_unknown_key_exits_non_zero_and_lists_allowed_keys(ablate_cli):
+    proc = ablate_cli("train", "--set", "latent_dims=4", "--steps", "1")
     assert proc.returncode != 0
     assert "latent_dims" in proc.stderr and "allowed keys" in proc.stderr
     assert "Traceback" not in proc.stderr

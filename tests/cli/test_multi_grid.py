@@ -1,6 +1,7 @@
 """`ablate run GRID GRID ...`: several grids in one process on one embedded Ray, each with its own run.
 
-Real subprocesses of the CLI on a real local Ray; smoke grids.
+Real subprocesses of the CLI on a real local Ray; smoke grids. Refusals, before any grid starts, run in this process
+(tests/conftest.py's ``ablate_cli``).
 """
 
 from __future__ import annotations
@@ -24,24 +25,23 @@ def _sessions(output: str) -> set[str]:
     return set(re.findall(r"session_\d{4}-\d\d-\d\d_[\d_-]+", output))
 
 
-def test_bad_input_in_any_grid_stops_before_the_first_grid_runs(tmp_path):
-    code, out = run_logged(
-        _cli("run", "tricl", "batch_vs_dimm", "--scale", "smoke", "--storage", str(tmp_path / "runs")),
-        tmp_path / "bad.log",
-    )
-    assert code == 2, out
+def test_bad_input_in_any_grid_stops_before_the_first_grid_runs(tmp_path, ablate_cli):
+    runs = str(tmp_path / "runs")
+    done = ablate_cli("run", "tricl", "batch_vs_dimm", "--scale", "smoke", "--storage", runs)
+    out = done.stdout + done.stderr
+    assert done.returncode == 2, out
     (line,) = [x for x in out.splitlines() if x.startswith("ablate: error:")]
     assert line.startswith("ablate: error: unknown grid 'batch_vs_dimm' (did you mean 'batch_vs_dim'?)"), line
     assert not (tmp_path / "runs").exists(), "the first grid started although the second was invalid"
-    code, out = run_logged(
-        _cli("run", "tricl", "batch_vs_dim", "--scale", "smoke", "--name", "x", "--storage", str(tmp_path / "runs")),
-        tmp_path / "name.log",
-    )
-    assert code == 2 and "--name 'x' names one run" in out, out
-    code, out = run_logged(
-        _cli("run", "tricl", "tricl", "--scale", "smoke", "--storage", str(tmp_path / "runs")), tmp_path / "twice.log"
-    )
-    assert code == 2 and "named twice" in out, out
+    assert not done.ray_started
+    done = ablate_cli("run", "tricl", "batch_vs_dim", "--scale", "smoke", "--name", "x", "--storage", runs)
+    out = done.stdout + done.stderr
+    assert done.returncode == 2 and "--name 'x' names one run" in out, out
+    assert not done.ray_started
+    done = ablate_cli("run", "tricl", "tricl", "--scale", "smoke", "--storage", runs)
+    out = done.stdout + done.stderr
+    assert done.returncode == 2 and "named twice" in out, out
+    assert not done.ray_started and not (tmp_path / "runs").exists()
 
 
 @pytest.mark.ray

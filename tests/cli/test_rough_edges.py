@@ -6,6 +6,9 @@
    --max-concurrent 0, --max-failures -1, --name '') are argparse errors (exit 2) and nothing is written;
 3. `ablate export` of a run no trial of which has reported says so (exit 1) and writes no file;
 4. `ablate status RUN | head -1` ends quietly (exit 141 when head left first; no BrokenPipeError traceback).
+
+Refusals run in this process (tests/conftest.py's ``ablate_cli``); the closed-pipe tests need a process of their own,
+and one of them runs the installed `ablate` console script.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from ablate.safe_yaml import ALIAS_LIMIT
 from ablate.service.specs.grids import GridError, load_grid
 
 CLI = [sys.executable, "-m", "ablate.cli"]
+#: The console script `pip install` made beside this Python (as conftest.py finds `ray`).
+ABLATE = Path(sys.executable).with_name("ablate")
 
 GRID = """name: rough
 description: a two-trial grid
@@ -180,19 +185,15 @@ def test_run_options_are_checked_before_anything_is_written(tmp_path, capsys, op
 @pytest.mark.parametrize(
     ("options", "message"), [BAD_OPTIONS[0], BAD_OPTIONS[3], BAD_OPTIONS[-1]], ids=["cpus", "gpus", "name"]
 )
-def test_slurm_shares_the_checks(tmp_path, options, message):
-    """`ablate slurm` takes the same options through the real console entry point: exit 2, no script written."""
+def test_slurm_shares_the_checks(tmp_path, ablate_cli, options, message):
+    """`ablate slurm` takes the same options through the CLI's entry point: exit 2, no script written."""
     storage = tmp_path / "runs"
-    done = subprocess.run(
-        [*CLI, "slurm", "batch_vs_dim", "--storage", str(storage), *options],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = ablate_cli("slurm", "batch_vs_dim", "--storage", str(storage), *options)
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr
     assert done.stderr.splitlines()[-1].startswith(f"ablate slurm: error: {message}"), done.stderr
     assert not storage.exists()
+    assert not done.ray_started
 
 
 def test_good_options_still_parse_into_one_run_options_object():
@@ -275,10 +276,11 @@ def test_status_into_a_closed_pipe_exits_quietly(tmp_path):
 
 
 def test_status_piped_into_head_exits_quietly(tmp_path):
-    """`ablate status RUN | head -1` as the user typed it: the first line, and whether or not head left before
-    ablate was done, no BrokenPipeError on stderr."""
+    """`ablate status RUN | head -1` as the user typed it, with the installed `ablate` console script: the first
+    line, and whether or not head left before ablate was done, no BrokenPipeError on stderr."""
+    assert ABLATE.is_file(), f"no `ablate` console script beside {sys.executable}: `make setup` installs it"
     run = _run_dir(tmp_path / "run", trials=3)
-    command = f'{" ".join(CLI)} status {run} | head -1; echo "exit=${{PIPESTATUS[0]}}" >&2'
+    command = f'{ABLATE} status {run} | head -1; echo "exit=${{PIPESTATUS[0]}}" >&2'
     done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=300)
     assert done.stdout == f"run: {run}  grid: ensemble (smoke)\n", done.stdout[-500:]
     assert done.stderr in ("exit=0\n", "exit=141\n"), done.stderr[-3000:]

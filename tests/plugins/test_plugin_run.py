@@ -63,16 +63,21 @@ def test_a_plugin_grid_runs_packed_resumes_and_reads_like_any_other(tmp_path):
     assert code == 0 and "align_uniform" in text, text[-2000:]
 
 
-def test_slurm_loads_the_plugin_before_it_writes_a_script(tmp_path):
-    base = [sys.executable, "-m", "ablate.cli", "slurm", str(GRID), "--scale", "smoke", "--storage", str(tmp_path)]
-    code, text = run_logged([*base, "--name", "ok"], tmp_path / "ok.log")
-    assert code == 0 and "sbatch" in text, text[-2000:]
+def test_slurm_loads_the_plugin_before_it_writes_a_script(tmp_path, ablate_cli):
+    """In this process (tests/conftest.py's ``ablate_cli``): `ablate slurm` writes a script and starts no Ray."""
+    base = ["slurm", str(GRID), "--scale", "smoke", "--storage", str(tmp_path)]
+    done = ablate_cli(*base, "--name", "ok")
+    text = done.stdout + done.stderr
+    assert done.returncode == 0 and "sbatch" in text, text[-2000:]
+    assert not done.ray_started
     bad = GRID.read_text().replace("generator_seed: 0 ", "generator_seed: 0\n  loss_options: {bad_option: 1}\n ")
     bad = bad.replace("loss: [align_uniform, infonce, aninfonce]", "loss: [align_uniform]")
     (tmp_path / "bad.yaml").write_text(bad)
-    base[4] = str(tmp_path / "bad.yaml")
-    code, text = run_logged([*base, "--name", "bad"], tmp_path / "bad.log")
+    base[1] = str(tmp_path / "bad.yaml")
+    done = ablate_cli(*base, "--name", "bad")
+    text = done.stdout + done.stderr
     lines = [line for line in text.splitlines() if line.strip()]
-    assert code != 0 and len(lines) == 1, text
+    assert done.returncode != 0 and len(lines) == 1, text
+    assert not done.ray_started
     assert "loss 'align_uniform' (ablate-align-uniform 0.1.0)" in text and "bad_option" in text, text
     assert not list(tmp_path.glob("bad*.sbatch")) and not (tmp_path / "bad").exists()

@@ -1,7 +1,8 @@
 """Bad input gets one clear line before any compute (issue 23, items 9 to 12): a binary grid, preset or dashboard
 file; a run name that would leave --storage; a trial too large for the machine; a --set that replaces an axis;
-a --resume whose grid or --set is not the run's. The CLI runs as a real subprocess; refusals before Ray starts
-are checked to start no Ray (no `run:` line, nothing written to --storage)."""
+a --resume whose grid or --set is not the run's. The CLI runs in this process (tests/conftest.py's
+``ablate_cli``): every refusal comes before Ray starts, and is checked to start no Ray (Ray not initialised by it, no
+`run:` line, nothing written to --storage)."""
 
 from __future__ import annotations
 
@@ -14,22 +15,7 @@ from pathlib import Path
 import pytest
 from conftest import runs_root, smoke_run
 
-CLI = [sys.executable, "-m", "ablate.cli"]
 GIB = 1 << 30
-
-
-def _cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=300, cwd=cwd)
-
-
-def _refused(done: subprocess.CompletedProcess, code: int = 2) -> str:
-    """The one error line of a refused command (no traceback, nothing started)."""
-    assert done.returncode == code, (done.returncode, done.stdout[-2000:], done.stderr[-3000:])
-    assert "Traceback" not in done.stderr, done.stderr[-3000:]
-    (line,) = [x for x in done.stderr.splitlines() if x.startswith("ablate: error: ")]
-    assert [x for x in done.stderr.splitlines() if x.strip()] == [line], done.stderr
-    assert "run: " not in done.stdout, "Ray was started"
-    return line
 
 
 @pytest.fixture(scope="module")
@@ -45,45 +31,40 @@ def _binary(path: Path) -> Path:
 
 
 @pytest.mark.parametrize("command", ["run", "show"])
-def test_a_binary_grid_file_is_one_line(tmp_path, command):
+def test_a_binary_grid_file_is_one_line(tmp_path, ablate_cli, command):
     grid = _binary(tmp_path / "grid.yaml")
     extra = ["--storage", str(tmp_path / "runs")] if command == "run" else []
-    line = _refused(_cli(command, str(grid), "--scale", "smoke", *extra))
+    line = ablate_cli(command, str(grid), "--scale", "smoke", *extra).refusal()
     assert line == f"ablate: error: {grid}: not a text file (byte 0x89 at offset 0 is not UTF-8); expected a YAML file"
     assert not (tmp_path / "runs").exists()
 
 
-def test_a_binary_preset_and_a_control_character_are_one_line(tmp_path):
+def test_a_binary_preset_and_a_control_character_are_one_line(tmp_path, ablate_cli):
     preset = _binary(tmp_path / "preset.yaml")
-    line = _refused(_cli("run", "batch_vs_dim", "--scale", "smoke", "--preset", str(preset)))
+    line = ablate_cli("run", "batch_vs_dim", "--scale", "smoke", "--preset", str(preset)).refusal()
     assert line.startswith(f"ablate: error: {preset}: not a text file (byte 0x89"), line
     grid = tmp_path / "ctl.yaml"
     grid.write_text("name: ctl\nbase: {lr: \x01}\n")
-    line = _refused(_cli("show", str(grid)))
+    line = ablate_cli("show", str(grid)).refusal()
     assert line == f"ablate: error: {grid}: not a YAML text file (character #x0001 at position 21)", line
 
 
-def test_a_binary_dashboard_spec_is_one_line(run_dir, tmp_path):
+def test_a_binary_dashboard_spec_is_one_line(run_dir, tmp_path, ablate_cli):
     spec = _binary(tmp_path / "dash.yaml")
-    line = _refused(_cli("report", str(run_dir), "--dashboard", str(spec), "--out", str(tmp_path / "r.html")))
+    line = ablate_cli("report", str(run_dir), "--dashboard", str(spec), "--out", str(tmp_path / "r.html")).refusal()
     assert line.startswith(f"ablate: error: {spec}: not a text file"), line
     assert not (tmp_path / "r.html").exists()
 
 
 # ----------------------------------------------------------------------------------------- run names
 @pytest.mark.parametrize("name", ["../../escape", "ABSOLUTE", "..", "a/b", "x" * 256, "a\nb", "tab\there"])
-def test_a_run_name_is_one_folder_inside_the_storage(tmp_path, name, capsys):
-    """In-process: the refusal comes before Ray, so the CLI need not be a subprocess to show it."""
-    from ablate import cli
+def test_a_run_name_is_one_folder_inside_the_storage(tmp_path, name, ablate_cli):
     from ablate.messages import quote
 
     storage = tmp_path / "deep" / "storage"
     if name == "ABSOLUTE":
         name = str(tmp_path / "elsewhere")
-    code = cli.main(["run", "batch_vs_dim", "--scale", "smoke", "--storage", str(storage), "--name", name])
-    err = capsys.readouterr().err
-    assert code == 2 and "Traceback" not in err, err
-    (line,) = [x for x in err.splitlines() if x.strip()]
+    line = ablate_cli("run", "batch_vs_dim", "--scale", "smoke", "--storage", str(storage), "--name", name).refusal()
     assert line == (
         f"ablate: error: run name {quote(name)} ({len(name.encode())} bytes): a run name is one folder name inside "
         "--storage (not empty, '.' or '..', no '/', '\\' or control characters such as a newline, at most 255 "
@@ -104,12 +85,12 @@ def test_resolve_run_dir_refuses_names_that_leave_the_storage(tmp_path):
 
 
 # ----------------------------------------------------------------------------------------- memory
-def test_batch_size_1e9_is_refused_before_ray_naming_setting_estimate_and_memory(tmp_path):
+def test_batch_size_1e9_is_refused_before_ray_naming_setting_estimate_and_memory(tmp_path, ablate_cli):
     """`--set batch_size=1e9` parses as the integer 10⁹ (YAML 1.2 exponent, pydantic's int), says it replaces
     the batch_size axis, and is refused before Ray starts: the setting, the estimate and the memory available."""
     storage = tmp_path / "runs"
-    done = _cli("run", "batch_vs_dim", "--scale", "smoke", "--set", "batch_size=1e9", "--storage", str(storage))
-    line = _refused(done)
+    done = ablate_cli("run", "batch_vs_dim", "--scale", "smoke", "--set", "batch_size=1e9", "--storage", str(storage))
+    line = done.refusal()
     assert done.stdout.splitlines()[0] == "--set batch_size=1e9: replaces the grid's axis batch_size (was [16,32])"
     assert "batch_size=1000000000" in line and "needs about" in line and "GiB of memory" in line, line
     assert "available (MemAvailable (psutil)" in line and "lower batch_size" in line, line
@@ -245,16 +226,6 @@ scales:
 {tail}"""
 
 
-def _refusal_in_process(capsys, *argv: str) -> str:
-    from ablate import cli
-
-    code = cli.main(list(argv))
-    err = capsys.readouterr().err
-    assert code == 2 and "Traceback" not in err, err
-    (line,) = [x for x in err.splitlines() if x.strip()]
-    return line
-
-
 @pytest.mark.parametrize(
     ("base", "tail", "key", "lines"),
     [
@@ -263,10 +234,10 @@ def _refusal_in_process(capsys, *argv: str) -> str:
         ("  concentration: 5\n  concentration: 25\n", "", "concentration", (6, 7)),
     ],
 )
-def test_a_key_written_twice_is_refused_naming_it_and_both_lines(tmp_path, capsys, base, tail, key, lines):
+def test_a_key_written_twice_is_refused_naming_it_and_both_lines(tmp_path, ablate_cli, base, tail, key, lines):
     grid = tmp_path / "dup.yaml"
     grid.write_text(_GRID.format(base=base, tail=tail))
-    line = _refusal_in_process(capsys, "run", str(grid), "--scale", "smoke", "--storage", str(tmp_path / "runs"))
+    line = ablate_cli("run", str(grid), "--scale", "smoke", "--storage", str(tmp_path / "runs")).refusal()
     assert line == (
         f"ablate: error: {grid}: refused: the key {key!r} appears twice, at lines {lines[0]} and {lines[1]}; keep one"
     )
@@ -283,11 +254,11 @@ def test_a_key_written_twice_is_refused_naming_it_and_both_lines(tmp_path, capsy
         ("", ("--set", "concentration=5/1e400"), "Λ must be a finite number > 0 in every dimension, got inf"),
     ],
 )
-def test_a_number_that_is_not_finite_is_refused_before_ray(tmp_path, capsys, base, setting, expected):
+def test_a_number_that_is_not_finite_is_refused_before_ray(tmp_path, ablate_cli, base, setting, expected):
     grid = tmp_path / "inf.yaml"
     grid.write_text(_GRID.format(base=base, tail=""))
     argv = ["run", str(grid), "--scale", "smoke", "--storage", str(tmp_path / "runs"), *setting]
-    line = _refusal_in_process(capsys, *argv)
+    line = ablate_cli(*argv).refusal()
     assert line.startswith(f"ablate: error: {grid}: ") and expected in line, line
     assert not (tmp_path / "runs").exists()
 
@@ -299,10 +270,8 @@ def test_a_number_that_is_not_finite_is_refused_before_ray(tmp_path, capsys, bas
         ('{"runs": "zzz", "grid": "batch_vs_dim"}', "runs: Input should be a valid list (got 'zzz')"),
     ],
 )  # fmt: skip
-def test_a_marker_of_the_wrong_shape_is_refused_by_every_command(tmp_path, capsys, marker, says):
+def test_a_marker_of_the_wrong_shape_is_refused_by_every_command(tmp_path, ablate_cli, marker, says):
     """Valid JSON of the wrong shape gave tracebacks in status and --resume, and export wrote rows from it."""
-    from ablate import cli
-
     run_dir = tmp_path / "r"
     run_dir.mkdir()
     (run_dir / "ablate_run.json").write_text(marker)
@@ -316,8 +285,8 @@ def test_a_marker_of_the_wrong_shape_is_refused_by_every_command(tmp_path, capsy
         ["run", "batch_vs_dim", "--scale", "smoke", "--storage", str(tmp_path), "--name", "r", "--resume"],
     ]
     for argv in argvs:
-        code = cli.main(argv)
-        err = capsys.readouterr().err
-        assert code != 0 and "Traceback" not in err, (argv, err)
-        assert expected in err.splitlines(), (argv, err)
+        done = ablate_cli(*argv)
+        assert done.returncode != 0 and "Traceback" not in done.stderr, (argv, done.stderr)
+        assert expected in done.stderr.splitlines(), (argv, done.stderr)
+        assert not done.ray_started, argv
     assert not (tmp_path / "rows.csv").exists()

@@ -1,6 +1,8 @@
 """One driver per run directory, SIGTERM handled like Ctrl-C, and a second Ctrl-C that still cleans up.
 
-Real `ablate run` subprocesses on a real Ray, real signals, real locks (tests/conftest.py's helpers).
+Real `ablate run` subprocesses on a real Ray, real signals, real locks (tests/conftest.py's helpers). What is
+refused before Ray starts (a second driver of a locked run) and `ablate status` run in this process (conftest's
+``ablate_cli``).
 """
 
 from __future__ import annotations
@@ -76,9 +78,10 @@ def _cmdline(pid: int) -> str:
         return "(gone)"
 
 
-def _status(run_dir: Path, log: Path) -> str:
-    code, out = run_logged([sys.executable, "-m", "ablate.cli", "status", str(run_dir)], log)
-    assert code == 0, out
+def _status(ablate_cli, run_dir: Path) -> str:
+    done = ablate_cli("status", str(run_dir))
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out
     return out
 
 
@@ -106,21 +109,19 @@ def test_the_lock_names_its_holder_and_dies_with_it(tmp_path):
 
 
 @pytest.mark.ray
-def test_a_second_driver_and_a_resume_are_refused_while_the_first_runs(tmp_path):
+def test_a_second_driver_and_a_resume_are_refused_while_the_first_runs(tmp_path, ablate_cli):
     run_dir = tmp_path / "r"
     first = _start(_cmd(tmp_path), tmp_path / "first.log")
     procs = [first]
     try:
         _wait_for(first, lambda: (lock_holder(run_dir / DRIVER_LOCK) or {}).get("pid") == first.pid, "the lock taken")
         expected = f"{run_dir} is being written by ablate pid {first.pid} on host {socket.gethostname()} since "
-        # a second run, and a resume, at once
-        procs += [
-            _start(_cmd(tmp_path), tmp_path / "second.log"),
-            _start(_cmd(tmp_path, "--resume"), tmp_path / "resume.log"),
-        ]
-        for proc, log in zip(procs[1:], ("second.log", "resume.log")):
-            code, out = proc.wait(timeout=120), (tmp_path / log).read_text()
+        # a second run, and a resume, while it runs: refused before Ray starts, so in this process
+        for argv in (_cmd(tmp_path), _cmd(tmp_path, "--resume")):
+            done = ablate_cli(*argv[3:])
+            code, out = done.returncode, done.stdout + done.stderr
             assert code == 2 and expected in out and "wait for it or stop it" in out, out[-3000:]
+            assert not done.ray_started
         assert first.poll() is None, "the first driver ended before the others were refused: make the run longer"
         assert first.wait(timeout=300) == 0, (tmp_path / "first.log").read_text()[-3000:]
     finally:
@@ -135,7 +136,7 @@ def test_a_second_driver_and_a_resume_are_refused_while_the_first_runs(tmp_path)
 
 
 @pytest.mark.ray
-def test_sigterm_stops_like_ctrl_c_exit_143_and_resume_completes(tmp_path):
+def test_sigterm_stops_like_ctrl_c_exit_143_and_resume_completes(tmp_path, ablate_cli):
     """What a batch scheduler sends before preemption: a graceful stop, the counts and points of what it stopped,
     the resume command, no trial left "running" without a driver, and a resume that repeats nothing."""
     run_dir, log = tmp_path / "r", tmp_path / "run.log"
@@ -153,7 +154,7 @@ def test_sigterm_stops_like_ctrl_c_exit_143_and_resume_completes(tmp_path):
     (never,) = [line for line in out.splitlines() if line.startswith("  never started: ")]
     assert never.count("batch_size=") == 3 and never.count("seed=0") == 3, never
     (resume,) = [line.strip() for line in out.splitlines() if line.strip().endswith("--resume")]
-    status = _status(run_dir, tmp_path / "status.log")
+    status = _status(ablate_cli, run_dir)
     assert "finished: 0  running: 0  interrupted: 1  errored: 0  pending: 3" in status, status
 
     code, out = run_logged(
@@ -165,7 +166,7 @@ def test_sigterm_stops_like_ctrl_c_exit_143_and_resume_completes(tmp_path):
 
 
 @pytest.mark.ray
-def test_a_second_ctrl_c_still_ends_every_process_of_the_run(tmp_path):
+def test_a_second_ctrl_c_still_ends_every_process_of_the_run(tmp_path, ablate_cli):
     """Ctrl-C twice in a row at the terminal (SIGINT to the process group), then more while it shuts down:
     exit 130, no "Exception ignored" traceback, and no process of the run left (Ray's agents included)."""
     run_dir, log = tmp_path / "r", tmp_path / "run.log"
@@ -187,4 +188,4 @@ def test_a_second_ctrl_c_still_ends_every_process_of_the_run(tmp_path):
     assert code == 130, out[-3000:]
     assert not left, f"processes of the run still alive: {left}"
     assert "Exception ignored" not in out and "Traceback" not in out, out[-3000:]
-    assert "running: 0" in _status(run_dir, tmp_path / "status.log")
+    assert "running: 0" in _status(ablate_cli, run_dir)

@@ -1,8 +1,10 @@
 """No temporary file outlives a failed write, and a write that fails says so in one line (issue 23, item 5).
 
 A full disk is a real one where the tests may mount a tmpfs (root), and otherwise a real file-size limit
-(RLIMIT_FSIZE, EFBIG) on a real subprocess; a read-only folder is a read-only tmpfs (root) or a folder without
-write permission (other users). Nothing of ablate is patched.
+(RLIMIT_FSIZE, EFBIG) on a real subprocess (the limit is the whole process's: pytest's own files would meet it
+too); a read-only folder is a read-only tmpfs (root) or a folder without write permission (other users). Commands
+that need no limit of their own run in this process (tests/conftest.py's ``ablate_cli``). Nothing of ablate is
+patched.
 """
 
 from __future__ import annotations
@@ -66,7 +68,8 @@ def _temporaries(folder: Path) -> list[str]:
     )
 
 
-def _one_error_line(done: subprocess.CompletedProcess) -> str:
+def _one_error_line(done) -> str:
+    """The one ``cannot write`` line of ``done`` (a subprocess's CompletedProcess or conftest's CliRun), exit 1."""
     assert done.returncode == 1, (done.returncode, done.stdout[-2000:], done.stderr[-3000:])
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
     (line,) = [x for x in done.stderr.splitlines() if x.strip()]
@@ -87,13 +90,13 @@ def test_report_on_a_full_disk_says_what_and_leaves_no_temporary(run_dir, tmp_pa
     assert out.read_text() == "the previous report"
 
 
-def test_report_on_a_real_full_tmpfs(run_dir, tmp_path):
+def test_report_on_a_real_full_tmpfs(run_dir, tmp_path, ablate_cli):
     """The same on a real full disk: a 1 MB tmpfs (mounting needs root) and a report of several MB."""
     disk = tmp_path / "disk"
     if not _mount(disk, "size=1m"):
         pytest.skip("cannot mount a tmpfs here (needs root)")
     try:
-        done = _cli(["report", str(run_dir), "--out", str(disk / "report.html")])
+        done = ablate_cli("report", str(run_dir), "--out", str(disk / "report.html"))
         line = _one_error_line(done)
         assert line == f"ablate: error: cannot write {disk / 'report.html'} (No space left on device)", line
         assert sorted(p.name for p in disk.iterdir()) == [], "a temporary is left on the full disk"
@@ -102,9 +105,9 @@ def test_report_on_a_real_full_tmpfs(run_dir, tmp_path):
 
 
 @pytest.mark.parametrize("suffix", [".csv", ".parquet"])
-def test_export_into_a_read_only_folder_is_one_line(run_dir, read_only_dir, suffix):
+def test_export_into_a_read_only_folder_is_one_line(run_dir, read_only_dir, ablate_cli, suffix):
     out = read_only_dir / f"results{suffix}"
-    line = _one_error_line(_cli(["export", str(run_dir), "--out", str(out)]))
+    line = _one_error_line(ablate_cli("export", str(run_dir), "--out", str(out)))
     assert line.startswith(f"ablate: error: cannot write {out} ("), line
     assert ("Read-only file system" in line) or ("Permission denied" in line), line
     assert list(read_only_dir.iterdir()) == []
