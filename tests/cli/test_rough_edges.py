@@ -287,11 +287,12 @@ def test_status_piped_into_head_exits_quietly(tmp_path):
 
 
 def test_long_output_piped_into_head_exits_quietly(tmp_path):
-    """Output larger than a pipe holds (`ablate show` of a grid with a 300 kB description): head leaves after one
-    line while ablate is still printing, which was a BrokenPipeError traceback."""
+    """Output larger than a pipe holds (`ablate show` of a grid with 4000 `chosen` entries, about 400 kB: a long
+    description is cut to 2000 characters now): head leaves after one line while ablate is still printing, which
+    was a BrokenPipeError traceback."""
     grid = tmp_path / "long.yaml"
-    lines = "\n".join(f"  line {i} of a long description" + " ." * 20 for i in range(5000))
-    grid.write_text(GRID.replace("description: a two-trial grid", f"description: |\n{lines}"))
+    entries = "\n".join(f"  - {{key: entry {i}, why: {'a long reason ' * 6}}}" for i in range(4000))
+    grid.write_text(GRID + f"chosen:\n{entries}\n")
     command = f'{" ".join(CLI)} show {grid} --scale smoke --no-generator | head -1; echo "exit=${{PIPESTATUS[0]}}" >&2'
     done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=300)
     assert done.stdout == f"grid: rough  (scale smoke, file {grid})\n", done.stdout[-500:]
