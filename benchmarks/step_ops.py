@@ -6,7 +6,8 @@ operations it launches. Both are counted here on the CPU, from Python, so that t
 
 - **host syncs**: calls that would make the host wait for a GPU: reading a value (``item``, ``tolist``,
   ``bool``/``int``/``float`` of a tensor), data-dependent shapes (``nonzero``, boolean indexing, ``masked_select``,
-  ``unique``), and tensors built from Python data (``torch.tensor(list)``: a host-to-device copy on a GPU);
+  ``unique``), and tensors built from Python data (``torch.tensor(list)``, or a list used as an index: a
+  host-to-device copy on a GPU);
 - **aten ops**: every ATen operation the step dispatches (each a kernel launch on a GPU).
 
 Both are counted per step of a pack of k members on the batched path a GPU takes (``solo_kernels`` off), against
@@ -41,6 +42,14 @@ def _bool_index(args) -> bool:
     return any(isinstance(p, torch.Tensor) and p.dtype == torch.bool for p in parts)
 
 
+def _list_index(args) -> bool:
+    """An index given as a Python list: torch builds a tensor of it and copies it to the device (a copy from
+    pageable host memory, which waits for the device's queue)."""
+    index = args[1] if len(args) > 1 else None
+    parts = index if isinstance(index, tuple) else (index,)
+    return any(isinstance(p, list) for p in parts)
+
+
 class HostSyncs(TorchFunctionMode):
     """Counts, by name, the calls of a block that would make the host wait for a GPU (module doc)."""
 
@@ -53,6 +62,8 @@ class HostSyncs(TorchFunctionMode):
         kwargs = kwargs or {}
         if name in ("__getitem__", "__setitem__") and _bool_index(args):
             self.calls[f"{name}[bool]"] += 1
+        elif name in ("__getitem__", "__setitem__") and _list_index(args):
+            self.calls[f"{name}[list]"] += 1
         elif name in ("tensor", "as_tensor"):
             data = args[0] if args else kwargs.get("data")
             if not isinstance(data, torch.Tensor):  # built from Python data: a host-to-device copy on a GPU

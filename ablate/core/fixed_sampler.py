@@ -104,6 +104,7 @@ class FixedShapeSampler:
         )
         self.misses = 0
         self._valid_columns: dict[tuple[int, ...], Tensor] = {}
+        self._member_rows: dict[tuple[int, ...], Tensor] = {}
 
     def draw(
         self, generators: Sequence[torch.Generator], n: int, *, members: Sequence[int] | None = None,
@@ -113,7 +114,8 @@ class FixedShapeSampler:
         in the same order): ``(z, z⁺, negatives)`` of shapes ``(k, n, d)``, ``(k, n, d)`` and ``(k, n, M, d)`` or
         None. Reads one flag on the host (whether any row missed)."""
         members = list(range(self.lam.shape[0])) if members is None else list(members)
-        lam = self.lam[members]
+        rows = self._rows(members)
+        lam = self.lam if rows is None else self.lam[rows]
         k, d = lam.shape
         z = torch.empty((k, n, d), device=lam.device, dtype=lam.dtype)
         for row, rng in zip(z, generators):
@@ -124,7 +126,8 @@ class FixedShapeSampler:
         if hard_negatives and self.lam_neg is not None:
             anchors = z.repeat_interleave(self.n_negatives, dim=1)
             counts = [self.negative_candidates[i] for i in members]
-            neg = self._first_accepted(anchors, self.lam_neg[members], counts, generators)
+            lam_neg = self.lam_neg if rows is None else self.lam_neg[rows]
+            neg = self._first_accepted(anchors, lam_neg, counts, generators)
         self._finish(z, lam, pos, neg, members, generators)
         out_pos = pos[0]
         out_neg = None if neg is None else neg[0].view(k, n, self.n_negatives, d)
@@ -153,6 +156,16 @@ class FixedShapeSampler:
         first = ok.to(torch.int8).argmax(dim=-1, keepdim=True)  # the first accepted (0 where none is)
         chosen = x.gather(2, first.unsqueeze(-1).expand(k, n, 1, d)).squeeze(2)
         return chosen / norm.gather(2, first), ok.any(dim=-1)
+
+    def _rows(self, members: list[int]) -> Tensor | None:
+        """The members' rows as a device index built once per set of members (None: all, in order), so that a draw
+        copies no Python list to the device."""
+        key = tuple(members)
+        if key == tuple(range(self.lam.shape[0])):
+            return None
+        if key not in self._member_rows:
+            self._member_rows[key] = torch.tensor(key, device=self.lam.device)
+        return self._member_rows[key]
 
     def _valid(self, counts: tuple[int, ...], device: torch.device) -> Tensor:
         """``(k, K_max)``: which candidate columns each member drew (built once per set of members)."""
