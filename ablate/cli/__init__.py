@@ -16,7 +16,7 @@ from ablate.cli.compare import add_compare_parser
 from ablate.cli.run import cmd_run, resume_command
 from ablate.cli.slurm import add_slurm_parser
 from ablate.columns import r2_block_lambda
-from ablate.config import ConfigError, RunConfig, parse_assignments
+from ablate.config import ConfigError
 from ablate.service.execution.options import add_run_options
 from ablate.service.specs.grid import DEFAULT_SCALE, SCALES
 
@@ -25,14 +25,9 @@ __all__ = ["main"]
 
 def cmd_train(args: argparse.Namespace) -> int:
     from ablate.core.experiment import Experiment
+    from ablate.service.specs.resolve import resolve_config
 
-    settings = {}
-    if args.preset:
-        from ablate.service.specs.presets import load_preset
-
-        settings.update(load_preset(args.preset).settings)
-    settings.update(parse_assignments(args.set or []))
-    config = RunConfig.build(settings, "--preset/--set" if args.preset else "--set")
+    config = resolve_config(args.preset, args.set)
     steps = args.steps or config.max_steps
     exp = Experiment(config)
     print(

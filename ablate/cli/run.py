@@ -2,7 +2,9 @@
 
 Several grids run one after another in one process, on one Ray: the embedded Ray starts once (its start and
 shutdown are most of a laptop grid's fixed cost), and every grid gets its own run directory, summary, report
-and claims hint. Every grid, preset, ``--set`` and ``--variants`` is checked before the first trial starts.
+and claims hint. Every grid is resolved with its preset, ``--set`` and ``--variants``
+(:func:`ablate.service.specs.resolve.resolve_grid`) and checked (:func:`ablate.service.execution.preflight.check_run`:
+pack, plugins, sampler, memory) once, before the first trial starts; :func:`run_grid` runs what was checked.
 """
 
 from __future__ import annotations
@@ -12,11 +14,12 @@ import copy
 import json
 import shlex
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from ablate.analysis.text import text_table as _table
-from ablate.config import ConfigError, parse_assignments
-from ablate.service.execution.options import options_from_args, resume_words
+from ablate.config import ConfigError
+from ablate.service.execution.options import build_options, options_from_args, resume_words
 
 __all__ = ["cmd_run", "resume_command"]
 
@@ -61,32 +64,6 @@ def resume_command(args: argparse.Namespace, run_dir: str | None = None, grids: 
     return shlex.join(["ablate", "run", *names, *resume_words(options), "--resume"])
 
 
-def _load(args: argparse.Namespace, name: str):
-    """The grid ``name`` at ``args.scale`` with the preset, ``--set`` and ``--variants`` applied (no compute)."""
-    from ablate.service.specs.grids import axis_text, load_grid
-
-    grid = load_grid(name, args.scale)
-    if args.preset:
-        from ablate.service.specs.presets import load_preset
-
-        preset = load_preset(args.preset)
-        kept = grid.apply_settings(preset.settings, f"preset {preset.name}:", axes_win=True)
-        grid.preset = preset.name
-        if kept:
-            print(f"{grid.name}: preset {preset.name}: {', '.join(kept)} stay as the grid varies them")
-    if args.settings:
-        raw = {item.partition("=")[0].strip(): item.partition("=")[2] for item in args.settings}
-        kept = grid.apply_settings(parse_assignments(args.settings), "--set", axes_win=False)
-        lead = f"{grid.name}: " if len(_grid_names(args)) > 1 else ""
-        for key, was in grid.replaced.items():  # say so: the grid's figure has one axis fewer
-            print(f"{lead}--set {key}={raw[key]}: replaces the grid's axis {key} (was {axis_text(was)})")
-        for key in kept:
-            print(f"{lead}--set {key}={raw[key]}: the grid's variants or search set {key} themselves and keep theirs")
-    if args.variants:
-        grid.select_variants(args.variants.split(","), "--variants")
-    return grid
-
-
 def size_line(grid, args: argparse.Namespace, pack: int) -> str:
     """``<grid>: N trials …`` with a floor on its wall time (Ray's bookkeeping alone, :data:`TRIAL_OVERHEAD_S` a
     Ray trial, on the slots this machine gives); above :data:`ASK_ABOVE_TRIALS` trials, a :class:`ConfigError`
@@ -124,52 +101,55 @@ def _duration(seconds: float) -> str:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Run every grid named on the command line, in order; stop at the first that is interrupted."""
-    from ablate.service.execution.memory import check_memory
-    from ablate.service.execution.packs import resolve_pack
+    from ablate.service.execution.preflight import check_run
     from ablate.service.execution.runner import default_run_name, has_run_state
     from ablate.service.execution.teardown import run_signals
+    from ablate.service.specs.resolve import resolve_grid
 
     names = _grid_names(args)
     if len(names) > 1 and args.name:
         raise ConfigError(f"--name {args.name!r} names one run; with {len(names)} grids each run is <grid>-<scale>")
-    grids = [_load(args, name) for name in names]
+    options = options_from_args(args)
+    grids = [resolve_grid(name, options, note=print, named=len(names) > 1) for name in names]
     seen = [g.name for g in grids]
     twice = sorted({n for n in seen if seen.count(n) > 1})
     if twice:
         raise ConfigError(f"grid {', '.join(twice)} is named twice; each grid runs once per `ablate run`")
-    for grid in grids:  # every grid's trials fit this machine, before the first starts (execution.memory)
-        pack = resolve_pack(getattr(args, "pack", None), grid, args.gpus_per_trial or 0.0)
-        check_memory(
-            grid, args.cpus_per_trial, args.gpus_per_trial or 0.0, args.max_concurrent, address=args.address, pack=pack
-        )
-        print(size_line(grid, args, pack), flush=True)
+    runs = []
+    for grid in grids:  # every grid's checks (pack, plugins, sampler, memory), once, before the first starts
+        runs.append(check_run(grid, options))
+        print(size_line(grid, args, runs[-1].pack), flush=True)
     codes = []
     with run_signals() as signals:  # SIGTERM as Ctrl-C; a run a signal stopped leaves no Ray process behind
-        for i, (name, grid) in enumerate(zip(names, grids)):
+        for i, (name, run) in enumerate(zip(names, runs)):
             one = copy.copy(args)
             one.grid = name
-            if len(grids) > 1:
+            if len(runs) > 1:
                 # several grids: --resume continues each grid that has a run and starts the others
-                one.resume = args.resume and has_run_state(args.storage, default_run_name(grid))
-                print(f"\n=== grid {i + 1} of {len(grids)}: {grid.name} ===", flush=True)
-            code = _run_one(one, grid)
+                one.resume = args.resume and has_run_state(args.storage, default_run_name(run.grid))
+                run = replace(run, options=build_options(run.options, resume=one.resume))
+                print(f"\n=== grid {i + 1} of {len(runs)}: {run.grid.name} ===", flush=True)
+            code = _run_one(one, run)
             codes.append(code)
             if code in (130, 143):  # Ctrl-C, SIGTERM
                 signals.stopped = True
-                if i + 1 < len(grids):
+                if i + 1 < len(runs):
                     rest = resume_command(args, grids=names[i:])
-                    print(f"{len(grids) - i - 1} grid(s) not started; run them all with:\n  {rest}", file=sys.stderr)
+                    print(f"{len(runs) - i - 1} grid(s) not started; run them all with:\n  {rest}", file=sys.stderr)
                 return code
     if len(grids) > 1:
         print("\n" + ", ".join(f"{g.name}: {'ok' if c == 0 else f'exit {c}'}" for g, c in zip(grids, codes)))
     return max(codes)
 
 
-def _run_one(args: argparse.Namespace, grid) -> int:
+def _run_one(args: argparse.Namespace, run) -> int:
+    """Run one checked grid (:class:`ablate.service.execution.preflight.CheckedRun`) and say how it ended."""
     from ablate.service.execution.cluster import auth_hint
     from ablate.service.execution.runner import run_grid
     from ablate.service.records.outcome import StorageFull, summary_rows
     from ablate.service.specs.grids import natural_key
+
+    grid = run.grid
 
     def announce(run_dir: str, url: str | None) -> None:
         print(f"run: {run_dir}")
@@ -180,12 +160,7 @@ def _run_one(args: argparse.Namespace, grid) -> int:
             print(f"dashboard: {url or 'not available'}  ({auth_hint()})", flush=True)
 
     try:
-        outcome = run_grid(
-            grid,
-            options_from_args(args),
-            on_start=announce,
-            on_plan=lambda plan: _print_plan(grid.name, plan),
-        )
+        outcome = run_grid(run, on_start=announce, on_plan=lambda plan: _print_plan(grid.name, plan))
     except StorageFull as exc:
         print(f"ablate: error: {exc}: {resume_command(args)}", file=sys.stderr)
         return 1

@@ -104,3 +104,29 @@ def test_cli_writes_the_script_and_prints_how_to_submit_it(tmp_path, capsys):
     assert "#SBATCH --nodes=2" in path.read_text()
     assert cli.main(["slurm", "batch_vs_dim", "--storage", str(tmp_path / "x"), "--time", "1"]) == 2
     assert "--time 1: too short" in capsys.readouterr().err
+
+
+def test_the_job_holds_the_run_options_instead_of_declaring_them(tmp_path):
+    from dataclasses import fields
+
+    from ablate.service.execution.options import RunOptions
+
+    job = _job(tmp_path, preset="fast", variants=None, settings=["max_steps=30"], cpus_per_trial=2, max_concurrent=3)
+    assert not {f.name for f in fields(job)} & set(RunOptions.model_fields), "SlurmJob re-declares a run option"
+    assert isinstance(job.options, RunOptions)
+    assert (job.options.scale, job.options.preset, job.options.settings) == ("smoke", "fast", ["max_steps=30"])
+    assert (job.options.storage, job.options.name) == (str(tmp_path.resolve()), "batch_vs_dim-smoke-fast")
+    assert job.options.max_concurrent is None, "`ablate slurm` does not take it: the job's run leaves it out"
+
+
+def test_a_preset_file_names_the_job_as_it_names_the_run(tmp_path):
+    preset = tmp_path / "mine.yaml"
+    preset.write_text("settings: {lr: 0.01}\n")
+    job = _job(tmp_path / "runs", preset=str(preset))  # was refused: the file's path made the run's name
+    assert job.name == "batch_vs_dim-smoke-mine"
+
+
+def test_a_pack_of_an_optuna_search_is_refused_before_the_script(tmp_path):
+    with pytest.raises(RunError, match="--pack 4: tune_aninfonce is an Optuna search"):
+        slurm_job("tune_aninfonce", scale="smoke", storage=str(tmp_path / "s"), pack=4)
+    assert not (tmp_path / "s").exists()

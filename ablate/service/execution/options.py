@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ablate.config import ConfigError, quote
 from ablate.service.specs.grid import DEFAULT_SCALE, SCALES
 
-__all__ = ["RunOptions", "add_run_options", "build_options", "options_from_args", "resume_words"]
+__all__ = ["RunOptions", "add_run_options", "build_options", "command_options", "options_from_args", "resume_words"]
 
 Command = Literal["run", "slurm"]
 
@@ -231,6 +231,12 @@ def add_run_options(parser: argparse.ArgumentParser, command: Command) -> None:
                 metavar=extra.get("metavar"),
                 help=help_text,
             )
+
+
+def command_options(options: RunOptions, command: Command) -> RunOptions:
+    """The options that ``command`` takes, as ``options`` holds them; every other field at its default."""
+    taken = {name for name in RunOptions.model_fields if command in _extra(name)["commands"]}
+    return RunOptions(**options.model_dump(include=taken & options.model_fields_set))
 
 
 def options_from_args(args: argparse.Namespace, **changes: Any) -> RunOptions:

@@ -8,6 +8,7 @@ single trials). On the CPU they help only tiny steps, so ``auto`` means no packi
 from __future__ import annotations
 
 from ablate.config import ConfigError
+from ablate.rundir import RunError
 from ablate.service.specs.grids import Grid
 
 __all__ = ["AUTO_MAX", "resolve_pack"]
@@ -19,8 +20,9 @@ _GPU_SHARE = 0.8
 
 
 def resolve_pack(value: str | int | None, grid: Grid, gpus_per_trial: float) -> int:
-    """The pack size for ``--pack``: an integer ≥ 1, or ``auto``: 1 on the CPU; on a GPU the largest group of
-    points that share a shape, capped by :data:`AUTO_MAX` and by what fits in the trial's share of the card."""
+    """The pack size for ``--pack``: an integer ≥ 1 (more than 1 only for a grid search: a search runs one setting
+    per trial), or ``auto``: 1 on the CPU; on a GPU the largest group of points that share a shape, capped by
+    :data:`AUTO_MAX` and by what fits in the trial's share of the card."""
     if value is None:
         return 1
     if str(value) != "auto":
@@ -30,6 +32,8 @@ def resolve_pack(value: str | int | None, grid: Grid, gpus_per_trial: float) -> 
             raise ConfigError(f"--pack {value!r}: expected a whole number of grid points per trial, or auto") from None
         if size < 1:
             raise ConfigError(f"--pack {size}: expected at least 1 grid point per trial")
+        if size > 1 and grid.search != "grid":
+            raise RunError(f"--pack {size}: {grid.name} is an Optuna search; a search runs one setting per trial")
         return size
     if grid.search != "grid" or gpus_per_trial <= 0:
         return 1

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import tempfile
 import time
@@ -34,9 +35,8 @@ from ablate.rundir import (
     write_marker,
 )
 from ablate.service.execution.cluster import init_ray
-from ablate.service.execution.memory import check_memory
-from ablate.service.execution.options import RunOptions, build_options
-from ablate.service.execution.packs import resolve_pack
+from ablate.service.execution.options import RunOptions
+from ablate.service.execution.preflight import CheckedRun, prepare_run
 from ablate.service.execution.probes import grid_plugins, probe_acceptance, probe_plugins
 from ablate.service.execution.search import check_study, save_best, tune_config
 from ablate.service.records.driver_lock import one_driver
@@ -151,7 +151,7 @@ def has_run_state(storage: str, name: str) -> bool:
 
 
 def run_grid(
-    grid: Grid,
+    grid: str | os.PathLike[str] | Grid | CheckedRun,
     options: RunOptions | None = None,
     *,
     on_start=None,
@@ -167,22 +167,44 @@ def run_grid(
     remains. So a first run, ``resume``, more seeds, a new axis value, another variant, a higher ``max_steps``
     or a ``--set`` that makes new points are the same call; ``resume`` only insists that the run exists.
 
-    ``options`` (:class:`ablate.service.execution.options.RunOptions`; ``fields`` are set over them, e.g.
-    ``run_grid(grid, storage="runs", name="try1", max_failures=0)``) say where and how: the grid is already
-    resolved, so their scale, preset, ``--set`` and variants are not applied here. Everything is validated
-    before Ray starts: the grid, the sampler's acceptance, the storage.
+    ``grid``: a shipped grid's name or a grid file, loaded at the options' scale; or a :class:`Grid` (as
+    :func:`ablate.service.specs.grids.load_grid` gives it), which keeps the scale it was loaded at (a different
+    ``scale`` is refused); or a :class:`ablate.service.execution.preflight.CheckedRun`, resolved and checked already
+    (`ablate run` passes one), which carries its options. ``options``
+    (:class:`ablate.service.execution.options.RunOptions`; ``fields`` are set over them, e.g.
+    ``run_grid("batch_vs_dim", scale="smoke", storage="runs", name="try1", preset="fast", max_failures=0)``) say
+    what and where: their preset, ``settings`` (``--set KEY=VALUE``) and ``variants`` apply to the grid
+    (:func:`ablate.service.specs.resolve.resolve_grid`; a Grid handed in is not changed). Everything is validated
+    before Ray starts, once (:func:`ablate.service.execution.preflight.check_run`): the grid with its options, the
+    pack size, the plugins, the sampler's acceptance, the memory, the storage.
     ``on_plan(plan)`` is called once the plan is made and ``on_start(run_dir, dashboard_url)`` once Ray is up (the
     CLI prints both). ``dashboard=False`` starts a local Ray without its web dashboard. ``pack`` > 1 trains up to
     that many grid points that share every shape and code path as one batched model per Ray trial; a run keeps
     the packing it started with. ``trainable``: the Trainable class to run (tests pass a subclass that injects
     faults); by default ablate's own.
     """
-    opts = build_options(options, **fields)
-    return _run_locked(grid, opts, on_start=on_start, on_plan=on_plan, trainable=trainable, num_cpus=num_cpus)
+    if isinstance(grid, CheckedRun):
+        if options is not None or fields or num_cpus is not None:
+            raise TypeError("run_grid: a CheckedRun carries its options; check the grid again with the ones you want")
+        checked = grid
+    else:
+        checked = prepare_run(grid, options, num_cpus=num_cpus, note=_log.info, **fields)
+    return _run_locked(
+        checked.grid,
+        checked.options,
+        pack=checked.pack,
+        num_cpus=checked.num_cpus,
+        on_start=on_start,
+        on_plan=on_plan,
+        trainable=trainable,
+    )
 
 
 @one_driver(lambda grid, opts: resolve_run_dir(opts.storage, opts.name or default_run_name(grid)))
-def _run_locked(grid: Grid, opts: RunOptions, *, on_start, on_plan, trainable, num_cpus: int | None) -> RunOutcome:
+def _run_locked(
+    grid: Grid, opts: RunOptions, *, pack: int, num_cpus: int | None, on_start, on_plan, trainable
+) -> RunOutcome:
+    """Run a checked grid (:class:`CheckedRun`'s parts) holding the run directory's driver lock."""
     storage, name, address, resume = opts.storage, opts.name, opts.address, opts.resume
     cpus_per_trial, gpus_per_trial, max_concurrent = (
         opts.cpus_per_trial,
@@ -195,7 +217,7 @@ def _run_locked(grid: Grid, opts: RunOptions, *, on_start, on_plan, trainable, n
         opts.tensorboard,
         opts.dashboard,
     )
-    verbose, pack = opts.verbose, resolve_pack(opts.pack, grid, opts.gpus_per_trial or 0.0)
+    verbose = opts.verbose
     run_name = name or default_run_name(grid)
     run_dir = resolve_run_dir(storage, run_name)
     if is_remote(run_dir):
@@ -204,11 +226,6 @@ def _run_locked(grid: Grid, opts: RunOptions, *, on_start, on_plan, trainable, n
             "and every trial read and write; use a local folder, or one shared by every node (NFS, a SLURM "
             "cluster's shared storage)"
         )
-    if pack > 1 and grid.search != "grid":
-        raise RunError(f"--pack {pack}: {grid.name} is an Optuna search; a search runs one setting per trial")
-    probe_plugins(grid)
-    probe_acceptance(grid)
-    check_memory(grid, cpus_per_trial, gpus_per_trial, max_concurrent, address=address, num_cpus=num_cpus, pack=pack)
     check_writable(storage)
     exists = Path(run_dir, RUN_MARKER).is_file()
     foreign = Path(run_dir).is_dir() and any(p.name != DRIVER_LOCK for p in Path(run_dir).iterdir())

@@ -36,7 +36,7 @@ from typing import Any
 from ablate.config import ConfigError
 from ablate.files import atomic_write
 from ablate.rundir import RunError, check_run_name, is_remote
-from ablate.service.execution.options import RunOptions, build_options, resume_words
+from ablate.service.execution.options import RunOptions, build_options, command_options, resume_words
 
 __all__ = [
     "SlurmJob",
@@ -63,23 +63,24 @@ class SlurmJob:
     """Everything the batch script needs, checked (:func:`slurm_job` builds it)."""
 
     grid: str  # a shipped grid's name, or the absolute path of a grid file
-    storage: str  # absolute folder on the shared file system
-    name: str  # the run's name: the run directory is storage/name
-    scale: str
-    preset: str | None = None
-    variants: str | None = None
-    settings: tuple[str, ...] = ()  # --set KEY=VALUE, as given
-    pack: str | None = None
+    options: RunOptions  # the run's options that `ablate slurm` takes; storage absolute, name and GPUs decided
     nodes: int = 1
     gpus_per_node: int = 0
     cpus_per_node: int | None = None  # None: what SLURM gives the job (SLURM_CPUS_ON_NODE)
-    cpus_per_trial: float = 1
-    gpus_per_trial: float = 0
     partition: str | None = None
     time: str | None = None
-    dashboard: bool = True
     python: str = field(default_factory=lambda: sys.executable)
     ray: str = field(default_factory=lambda: _ray_executable(sys.executable))
+
+    @property
+    def storage(self) -> str:
+        """The absolute folder on the shared file system that holds the run."""
+        return self.options.storage
+
+    @property
+    def name(self) -> str:
+        """The run's name: the run directory is storage/name."""
+        return str(self.options.name)
 
     @property
     def run_dir(self) -> str:
@@ -125,38 +126,26 @@ def slurm_job(
     time: str | None = None,
     **fields: Any,
 ) -> SlurmJob:
-    """Check the job (the grid loads with its preset, settings and variants; sizes and names are valid) and
-    return it; the first problem is a one-line :class:`ConfigError` or :class:`RunError`. Nothing is written.
+    """Check the job (the grid resolves with its preset, settings and variants as `ablate run` resolves it,
+    :func:`ablate.service.specs.resolve.resolve_grid`; sizes and names are valid) and return it; the first problem
+    is a one-line :class:`ConfigError` or :class:`RunError`. Nothing is written.
 
     ``options`` (with ``fields`` over them) are the run's options, as `ablate run` takes them
-    (:class:`ablate.service.execution.options.RunOptions`); ``gpus_per_trial`` None: one GPU per trial when the
-    nodes have GPUs, else none."""
-    from ablate.config import parse_assignments
-
-    opts = build_options(options, **fields)
-    scale, storage, name, preset, variants = opts.scale, opts.storage, opts.name, opts.preset, opts.variants
-    settings, pack, dashboard = tuple(opts.settings or ()), opts.pack, opts.dashboard
-    cpus_per_trial, gpus_per_trial = opts.cpus_per_trial, opts.gpus_per_trial
-    from ablate.service.execution.runner import default_run_name
-    from ablate.service.specs.grids import load_grid, resolve_grid_path
-
-    loaded = load_grid(grid, scale)
-    if preset:
-        from ablate.service.specs.presets import load_preset
-
-        loaded.apply_settings(load_preset(preset).settings, f"preset {preset}:", axes_win=True)
-        loaded.preset = preset
-    if settings:
-        loaded.apply_settings(parse_assignments(list(settings)), "--set", axes_win=False)
-    if variants:
-        loaded.select_variants(variants.split(","), "--variants")
+    (:class:`ablate.service.execution.options.RunOptions`); the job keeps those `ablate slurm` takes. ``gpus_per_trial``
+    None: one GPU per trial when the nodes have GPUs, else none."""
     from ablate.service.execution.probes import probe_plugins
+    from ablate.service.execution.runner import default_run_name
+    from ablate.service.specs.grids import resolve_grid_path
+    from ablate.service.specs.resolve import resolve_grid
 
+    opts = command_options(build_options(options, **fields), "slurm")
+    loaded = resolve_grid(grid, opts)
     probe_plugins(loaded)  # a plugin that is not installed here, or refuses its options: one line, no script
-    if pack is not None and pack != "auto":
+    if opts.pack is not None and opts.pack != "auto":
         from ablate.service.execution.packs import resolve_pack
 
-        resolve_pack(pack, loaded, 0)  # a bad --pack is refused here; auto is decided on the GPU node
+        resolve_pack(opts.pack, loaded, 0)  # a pack of an Optuna search is refused here; auto is decided on the node
+    storage, name, cpus_per_trial = opts.storage, opts.name, opts.cpus_per_trial
     given = Path(grid)  # a grid file is named by its absolute path: the job may start in another folder
     grid_ref = str(resolve_grid_path(grid).resolve()) if given.suffix in (".yaml", ".yml") or given.exists() else grid
     if is_remote(storage):
@@ -173,9 +162,7 @@ def slurm_job(
             raise ConfigError(f"{flag} {value}: expected a whole number ≥ {low}")
     if cpus_per_node is not None and cpus_per_node < 1:
         raise ConfigError(f"--cpus-per-node {cpus_per_node}: expected a whole number ≥ 1")
-    gpus = (1.0 if gpus_per_node else 0.0) if gpus_per_trial is None else float(gpus_per_trial)
-    if gpus < 0 or cpus_per_trial <= 0:
-        raise ConfigError("--cpus-per-trial must be > 0 and --gpus-per-trial ≥ 0")
+    gpus = (1.0 if gpus_per_node else 0.0) if opts.gpus_per_trial is None else float(opts.gpus_per_trial)
     if gpus > gpus_per_node:
         raise ConfigError(f"--gpus-per-trial {gpus:g}: more than the {gpus_per_node} GPU(s) per node (--gpus-per-node)")
     if cpus_per_node is not None and cpus_per_trial > cpus_per_node:
@@ -190,10 +177,8 @@ def slurm_job(
                 f"so ask for more than {2 * GRACE_S // 60} minutes"
             )
     return SlurmJob(
-        grid=grid_ref, storage=folder, name=run, scale=scale, preset=preset, variants=variants,
-        settings=settings, pack=None if pack is None else str(pack), nodes=nodes, gpus_per_node=gpus_per_node,
-        cpus_per_node=cpus_per_node, cpus_per_trial=cpus_per_trial, gpus_per_trial=gpus, partition=partition,
-        time=time, dashboard=dashboard,
+        grid=grid_ref, options=build_options(opts, storage=folder, name=run, gpus_per_trial=gpus), nodes=nodes,
+        gpus_per_node=gpus_per_node, cpus_per_node=cpus_per_node, partition=partition, time=time,
     )  # fmt: skip
 
 
@@ -209,13 +194,9 @@ def job_output(job: SlurmJob, job_id: str = "%j") -> str:
 
 def _run_words(job: SlurmJob) -> list[str]:
     """The `ablate run` of the job, its options spelled as :func:`ablate.service.execution.options.resume_words`
-    spells them (a requeued start continues the run: the same command)."""
-    opts = RunOptions(
-        scale=job.scale, preset=job.preset, settings=list(job.settings) or None, variants=job.variants,
-        storage=job.storage, name=job.name, cpus_per_trial=job.cpus_per_trial, gpus_per_trial=job.gpus_per_trial,
-        pack=job.pack, dashboard=True,
-    )  # fmt: skip
-    return [job.python, "-m", "ablate.cli", "run", job.grid, *resume_words(opts)]
+    spells them (a requeued start continues the run: the same command). The Ray head, not the driver, starts the
+    dashboard (``DASHBOARD``), so the command leaves ``--no-dashboard`` out."""
+    return [job.python, "-m", "ablate.cli", "run", job.grid, *resume_words(build_options(job.options, dashboard=True))]
 
 
 def render_script(job: SlurmJob) -> str:
@@ -238,7 +219,7 @@ def render_script(job: SlurmJob) -> str:
         "#SBATCH --open-mode=append",
         "#SBATCH --requeue",
         f"#SBATCH --signal=B:USR1@{GRACE_S}",
-        f"# Written by `ablate slurm` (ablate {__version__}): runs grid {job.grid} ({job.scale}) as {job.run_dir}",
+        f"# Written by `ablate slurm` (ablate {__version__}): runs grid {job.grid} ({job.options.scale}) as {job.run_dir}",
         "# on a Ray cluster across this job's nodes; each start after a requeue (preemption, time limit) resumes it.",
         "",
         f"PYTHON={q(job.python)}",
@@ -248,7 +229,7 @@ def render_script(job: SlurmJob) -> str:
         f"NODES={job.nodes}",
         f"CPUS={job.cpus_per_node}" if job.cpus_per_node else "CPUS=${SLURM_CPUS_ON_NODE:-1}",
         f"GPUS={job.gpus_per_node}",
-        f"DASHBOARD={'true' if job.dashboard else 'false'}",
+        f"DASHBOARD={'true' if job.options.dashboard else 'false'}",
         f"LOCK_WAIT_S={LOCK_WAIT_S}",
         f"LOCK_MESSAGE={q(LOCK_MESSAGE)}",
         f"RUN=({' '.join(q(w) for w in _run_words(job))})",
