@@ -27,9 +27,12 @@ STEPS = 5 * REPORTS
 
 
 def _cmd(storage: Path, *extra: str) -> list[str]:
+    """The run these tests signal; each report reaches the log as it is made (``--results-every 0``), so a test
+    sees a trial half done (a smoke trial trains within one default 2 s Ray result)."""
     return smoke_cmd(
-        storage, "--name", "r", "--max-concurrent", "1", "--no-report", "--set", f"max_steps={STEPS}", *extra
-    )
+        storage, "--name", "r", "--max-concurrent", "1", "--no-report", "--results-every", "0",
+        "--set", f"max_steps={STEPS}", *extra,
+    )  # fmt: skip
 
 
 def _env() -> dict[str, str]:

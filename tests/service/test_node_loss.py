@@ -132,6 +132,7 @@ def test_trials_of_a_lost_node_resume_on_the_head_from_their_checkpoint(two_node
     run_dir = tmp_path / "r"
     cmd = [
         *smoke_cmd(tmp_path), "--name", "r", "--address", address, "--cpus-per-trial", "1", "--max-failures", "3", "--no-report",
+        "--results-every", "0",  # each report in the log as it is made: the test kills the node mid-trial
         "--set", f"max_steps={STEPS}", f"report_every={REPORT_EVERY}",
     ]  # fmt: skip
     log_path = tmp_path / "run.log"

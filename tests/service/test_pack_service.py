@@ -23,6 +23,7 @@ from ablate.core.pack_fields import pack_groups
 from ablate.service.execution.pack_trainable import PackTrainable
 from ablate.service.specs.grids import known_grids, load_grid
 from ablate.service.specs.params import PACK_KEY
+from ablate.trial_log import read_rows
 
 #: Columns that differ between two runs of the same numbers: ids, timing, host, and where the batch was drawn.
 _RUN_SPECIFIC = {"trial_id", "pack", "time_total_s", "prefetch"}
@@ -49,8 +50,10 @@ def test_every_grid_that_can_pack_has_a_pack_at_smoke_scale():
 @pytest.mark.parametrize("name", PACKABLE)
 def test_a_packed_run_equals_the_unpacked_run_row_for_row(name, ray_session, tmp_path, tmp_path_factory):
     solo = load_results(smoke_run(name, runs_root(tmp_path_factory)))
-    code = cli.main(["run", name, "--scale", "smoke", "--storage", str(tmp_path), "--name", "packed", "--pack", "8"])
-    assert code == 0
+    # the packed run sends each pack's reports to Ray in one result (--results-every 3600), the unpacked one as
+    # the default says: the log's rows are the same either way
+    run = ["run", name, "--scale", "smoke", "--storage", str(tmp_path), "--name", "packed", "--pack", "8"]
+    assert cli.main([*run, "--results-every", "3600"]) == 0
     packed = load_results(tmp_path / "packed")
     assert sorted(packed.columns) == sorted(solo.columns)
     assert len(packed) == len(solo) and packed["trial_id"].nunique() == solo["trial_id"].nunique()
@@ -65,6 +68,10 @@ def test_a_packed_run_equals_the_unpacked_run_row_for_row(name, ray_session, tmp
         p for p in (tmp_path / "packed").glob("trial_*/params.json") if not p.parent.name.startswith("trial_pack-")
     ]
     assert len(members) == grid.n_trials
+    for log in (tmp_path / "packed").glob("trial_*/result.json"):
+        rows = read_rows(log)
+        assert {r["iterations_since_restore"] for r in rows} == {1}, f"{log}: one Ray result carried every report"
+        assert [r["training_iteration"] for r in rows] == list(range(1, len(rows) + 1))
     # the report and the claims read it as they read the unpacked run: the same verdicts on the same numbers
     assert (tmp_path / "packed" / "report.html").is_file()
     assert cli.main(["status", str(tmp_path / "packed")]) == 0

@@ -18,7 +18,10 @@ REPORTS = 12
 STEPS = 5 * REPORTS
 
 
-def _cmd(storage: Path, name: str, *extra: str) -> list[str]:
+def _cmd(storage: Path, name: str, *extra: str, results_every: str = "0") -> list[str]:
+    """The run these tests kill. Its trials send each report to Ray as it is made (``--results-every 0``), so a
+    test sees a trial mid-way (a smoke trial trains in about a second, within one default 2 s result); the
+    driver-kill test also runs with results that carry several reports."""
     return smoke_cmd(
         storage,
         "--name",
@@ -27,6 +30,8 @@ def _cmd(storage: Path, name: str, *extra: str) -> list[str]:
         "1",
         "--set",
         f"max_steps={STEPS}",
+        "--results-every",
+        results_every,
         *extra,
     )
 
@@ -121,15 +126,16 @@ def _row_key(row: dict) -> tuple:
 
 
 @pytest.mark.ray
-@pytest.mark.parametrize("seed", [7, 11])
-def test_repeated_driver_kills_never_lose_progress(tmp_path, uninterrupted, seed):
+@pytest.mark.parametrize(("seed", "every"), [(7, "0"), (11, "0.3")])
+def test_repeated_driver_kills_never_lose_progress(tmp_path, uninterrupted, seed, every):
     """Ray's experiment-restore test as the model: kill -9 the driver's process group three times at random
     moments, then --resume to the end.
 
     A kill often lands while Ray copies its snapshot into the run directory; resume then starts from the
     newest complete snapshot (ablate.service.snapshots) instead of letting Ray restart the grid with no parameters.
     Every report written before a kill, but each trial's last one, is still there after the resumes, as written:
-    finished trials are not rerun, and a stopped trial continues from its last checkpoint, not from step 0.
+    finished trials are not rerun, and a stopped trial continues from its last checkpoint, not from step 0. With
+    ``every`` > 0 a Ray result carries the reports of ``every`` seconds, and a kill lands between or inside them.
     """
     rng = random.Random(seed)
     run_dir = tmp_path / "r"
@@ -137,7 +143,7 @@ def test_repeated_driver_kills_never_lose_progress(tmp_path, uninterrupted, seed
     kept: dict[str, set[tuple]] = {}  # trial → the reports that must survive every later resume
     for attempt in range(3):
         extra = ["--resume"] if attempt else []
-        proc = _start(_cmd(tmp_path, "r", *extra))
+        proc = _start(_cmd(tmp_path, "r", *extra, results_every=every))
         deadline = time.time() + 240
         target = progress + rng.randint(3, 8)  # kill once a few more reports landed
         while time.time() < deadline and proc.poll() is None:
@@ -153,7 +159,8 @@ def test_repeated_driver_kills_never_lose_progress(tmp_path, uninterrupted, seed
         progress = now
         for name, trial_rows in rows.items():  # the last report may be replayed from the checkpoint before it
             kept.setdefault(name, set()).update(_row_key(r) for r in trial_rows[:-1])
-    code, out = run_logged(_cmd(tmp_path, "r", "--resume"), tmp_path / "final.log", timeout=120, env=_env())
+    final_cmd = _cmd(tmp_path, "r", "--resume", results_every=every)
+    code, out = run_logged(final_cmd, tmp_path / "final.log", timeout=120, env=_env())
     assert code == 0, out[-3000:]
     rows = _rows(run_dir)
     assert len(rows) == 4

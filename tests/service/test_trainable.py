@@ -7,7 +7,13 @@ from ablate.service.execution.trainable import CHECKPOINT_FILE
 from ablate.service.specs.grids import load_grid
 
 
-def test_trainable_save_restore_round_trip(tmp_path):
+def test_a_trial_stopped_and_built_again_continues_to_the_numbers_of_one_that_never_stopped(tmp_path):
+    """The Trainable's only checkpoints are its record's: a trial that stops after two reports (their rows in the
+    log, written by the driver's ResultLog) and is built again (a resume, Ray's retry) reports what a trial that
+    never stopped reports, to the bit."""
+    from types import SimpleNamespace
+
+    from ablate.service.execution.callbacks import ResultLog
     from ablate.service.execution.trainable import AblateTrainable
 
     grid = load_grid("batch_vs_dim", "smoke")
@@ -15,19 +21,23 @@ def test_trainable_save_restore_round_trip(tmp_path):
     straight = AblateTrainable(config=params)
     first = [straight.train() for _ in range(4)]
 
-    interrupted = AblateTrainable(config=params)
+    recorded = {**params, "record": {"dir": str(tmp_path), "id": "t", "keep": 2}}
+    log, trial = ResultLog(), SimpleNamespace(config=recorded)
+    log.on_trial_start(0, [], trial)
+    interrupted = AblateTrainable(config=recorded)
     for _ in range(2):
-        interrupted.train()
-    interrupted.save_checkpoint(str(tmp_path))
-    resumed = AblateTrainable(config=params)
-    resumed.load_checkpoint(str(tmp_path))
+        log.on_trial_result(0, [], trial, interrupted.train())
+    interrupted.stop()
+    resumed = AblateTrainable(config=recorded)
+    assert resumed.experiment.step == 10
     later = [resumed.train() for _ in range(2)]
     for a, b in zip(first[2:], later):
         assert a["step"] == b["step"]
         for key in ("r2", "loss", "mcc", "eval_loss", "lambda_hat_0"):
             assert a[key] == b[key], key
     assert "R²=" in repr(resumed) and "latent_dim=3" in repr(resumed)
-    for t in (straight, interrupted, resumed):
+    assert "save_checkpoint" not in vars(AblateTrainable), "no Ray checkpoint path: Ray's checkpoints stay off"
+    for t in (straight, resumed):
         t.stop()
 
 
@@ -96,3 +106,78 @@ def test_a_trial_through_ray_equals_ablate_train_of_its_point_bit_for_bit(ray_se
             assert exp.step == config.max_steps
     finally:
         torch.set_num_threads(threads)
+
+
+def test_reports_travel_together_every_results_every_seconds_and_the_log_gets_each_as_its_row(tmp_path):
+    """--results-every: a grid trial trains report after report within one Ray iteration and hands Ray one result
+    carrying them all; the driver's result log writes each as the row one result per report would have written
+    (same numbers, its own step, rising clocks, done only at the end), and the trial checkpoints once, after the
+    last report of the result (an earlier one could never count: its report reaches the log only with the rest)."""
+    from types import SimpleNamespace
+
+    from ablate.service.execution.callbacks import ResultLog
+    from ablate.service.execution.results import REPORTS_KEY
+    from ablate.service.execution.trainable import AblateTrainable
+    from ablate.trial_log import read_rows
+
+    grid = load_grid("batch_vs_dim", "smoke")
+    params = {"grid": "batch_vs_dim", **grid.base, "max_steps": 20, "batch_size": 32, "latent_dim": 3, "seed": 1}
+    one_by_one = AblateTrainable(config=params)
+    each = [one_by_one.train() for _ in range(4)]
+    one_by_one.stop()
+    assert [r["step"] for r in each] == [5, 10, 15, 20] and REPORTS_KEY not in each[-1]
+
+    together = {**params, "record": {"dir": str(tmp_path), "id": "t", "keep": 2, "results_every": 3600.0}}
+    trainable = AblateTrainable(config=together)
+    result = trainable.train()
+    trainable.stop()
+    assert result["done"] and result["step"] == 20 and len(result[REPORTS_KEY]) == 3
+    folder = tmp_path / "trial_t"
+    assert [p.name for p in folder.glob("checkpoint_*")] == ["checkpoint_000000020"]
+
+    ResultLog().on_trial_result(0, [], SimpleNamespace(config=together), result)
+    rows = read_rows(folder / "result.json")
+    assert [r["step"] for r in rows] == [5, 10, 15, 20]
+    for row, alone in zip(rows, each):
+        for key in ("r2", "loss", "mcc", "eval_loss", "lambda_hat_0"):
+            assert row[key] == alone[key], (row["step"], key)
+    assert [r["training_iteration"] for r in rows] == [1, 2, 3, 4]
+    assert [r["done"] for r in rows] == [False, False, False, True]
+    assert {r["iterations_since_restore"] for r in rows} == {1}, "one Ray result carried them"
+    clocks = [r["time_total_s"] for r in rows]
+    assert clocks == sorted(clocks) and clocks[-1] == result["time_total_s"] and clocks[0] > 0
+    spent = sum(r["time_this_iter_s"] for r in rows)
+    assert abs(spent - result["time_this_iter_s"]) < 1e-9, "each report's own time adds up to the result's"
+
+
+def test_a_pack_sends_its_members_reports_together_too(tmp_path):
+    from types import SimpleNamespace
+
+    from ablate.service.execution.callbacks import ResultLog
+    from ablate.service.execution.pack_trainable import PackTrainable
+    from ablate.service.execution.results import REPORTS_KEY
+    from ablate.service.specs.params import PACK_KEY
+    from ablate.trial_log import read_rows
+
+    grid = load_grid("batch_vs_lambda", "smoke")
+    base = {"grid": grid.name, "scale": "smoke", **grid.base, **grid.stop.settings(), "max_steps": 30}
+    points = [{"seed": 0}, {"seed": 1}]
+    alone = PackTrainable(config={**base, PACK_KEY: points})
+    each = [alone.train()]
+    while not each[-1]["done"]:
+        each.append(alone.train())
+    alone.stop()
+    record = {"dir": str(tmp_path), "id": "pack-p", "keep": 2, "results_every": 3600.0, "members": ["a", "b"]}
+    config = {**base, PACK_KEY: points, "record": record}
+    pack = PackTrainable(config=config)
+    result = pack.train()
+    pack.stop()
+    assert result["done"] and len(result[REPORTS_KEY]) == len(each) - 1
+    log, trial = ResultLog(), SimpleNamespace(config=config)
+    log.on_trial_start(0, [], trial)
+    log.on_trial_result(0, [], trial, result)
+    for m, member in enumerate("ab"):
+        rows = read_rows(tmp_path / f"trial_{member}" / "result.json")
+        assert [r["step"] for r in rows] == [r["members"][m]["step"] for r in each]
+        assert [r["r2"] for r in rows] == [r["members"][m]["r2"] for r in each]
+        assert [r["pack"] for r in rows] == ["pack-p"] * len(each)

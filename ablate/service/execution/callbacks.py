@@ -11,6 +11,7 @@ from typing import Any
 from ray.tune import Callback
 
 from ablate.rundir import PARAMS_FILE, RESULT_FILE, STOPPED_FILE, TRIAL_PREFIX, atomic_write
+from ablate.service.execution.results import split_reports
 from ablate.service.records.trial import ERROR_FILE, record_of
 from ablate.service.specs.params import PACK_KEY, RECORD_KEY, config_from_params, flat_params, pack_members
 from ablate.trial_log import ERROR_KEY, append_row, finished, intact_rows, json_text, last_row, read_rows, seconds_of
@@ -21,7 +22,8 @@ _log = logging.getLogger("ablate.service.execution.runner")
 
 
 class ResultLog(Callback):
-    """Append each report to its trial's ``result.json`` in the run directory (a pack's: one row per member).
+    """Append each report to its trial's ``result.json`` in the run directory (a pack's: one row per member; a
+    result that carries several reports, :mod:`ablate.service.execution.results`: one row per report).
 
     Rows are only ever appended, in the driver's thread; a row cut by a kill is dropped at the next append. A
     trial that continues (a resumed run, Ray's retry of a failed trial) reports again from its checkpoint: the
@@ -42,6 +44,10 @@ class ResultLog(Callback):
         record = record_of(trial.config)
         if record is None:
             return
+        for report in split_reports(result):  # several with --results-every: each its own row
+            self._write_report(trial, record, report)
+
+    def _write_report(self, trial, record: dict[str, Any], result: dict[str, Any]) -> None:
         root = Path(record["dir"])
         if isinstance(result.get("members"), list):  # a pack: one row per member that reported
             shared = {k: v for k, v in result.items() if k not in _PACK_RESULT_KEYS}

@@ -91,6 +91,14 @@ class RunOptions(BaseModel):
         "one; a kill costs at most this much training, done again to the same numbers); 0 = every report",
         json_schema_extra=_meta(commands=("run",), resume=False),
     )
+    results_every: float = Field(
+        2.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="seconds between a grid trial's results to Ray: its reports in between travel together, each "
+        "still a row of its log (a search's trial sends every report, its scheduler judges each); 0 = every report",
+        json_schema_extra=_meta(commands=("run",), resume=False),
+    )
     max_failures: int = Field(
         2,
         ge=0,

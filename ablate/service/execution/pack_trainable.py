@@ -159,7 +159,7 @@ class PackTrainable(AblateTrainable):
             if steps[i] == at:
                 pack.frozen.discard(i)
 
-    def step(self) -> dict[str, Any]:
+    def _report(self) -> dict[str, Any]:
         pack = self.experiment.pack
         cfg = self.run_config
         n = min(cfg.report_every, cfg.max_steps - self.experiment.step)
@@ -186,7 +186,6 @@ class PackTrainable(AblateTrainable):
             result[key] = sum(values) / len(values) if values else float("nan")
         self.latest_r2 = result["r2"]
         result["done"] = not pack.active
-        self._save_to_record(final=result["done"])
         return result
 
     def __repr__(self) -> str:

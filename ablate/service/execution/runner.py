@@ -256,7 +256,9 @@ def _run_locked(
             check_study(run_dir)
     remove_file(f"{run_dir}/{INTERRUPTED_FILE}")  # a driver runs the trials again
     every = opts.checkpoint_every
-    plan = plan_run(grid, run_dir, pack=pack, keep=keep_checkpoints, every=every) if grid.search == "grid" else None
+    plan = None
+    if grid.search == "grid":  # a search's trials send every report: its scheduler and searcher judge each
+        plan = plan_run(grid, run_dir, pack=pack, keep=keep_checkpoints, every=every, results_every=opts.results_every)
     write_marker(run_dir, _marker(grid, run_dir, plan, pack))
     record_provenance(run_dir, "resume" if exists else "start", plugins=grid_plugins(grid))
     if on_plan is not None and plan is not None:

@@ -13,10 +13,8 @@ member does; Ray does not retry it. Any other exception is Ray's to retry (``--m
 
 from __future__ import annotations
 
-import json
 import logging
 import math
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -27,38 +25,27 @@ from ray import tune
 from ablate import ray_compat
 from ablate.core.experiment import Experiment, NonFiniteLossError
 from ablate.pidlock import LockHeld, PidLock
-from ablate.rundir import RESULT_FILE, TRIAL_PREFIX, atomic_write
+from ablate.rundir import RESULT_FILE, TRIAL_PREFIX
+from ablate.service.execution.results import RAY_KEYS, REPORTS_KEY
 from ablate.service.execution.spare_cores import SpareCoreMeter
 from ablate.service.records.checkpoint_writer import CheckpointWriter
-from ablate.service.records.trial import CHECKPOINT_FILE, load_state, record_of, resume_point, solo_covered
+from ablate.service.records.trial import CHECKPOINT_FILE, record_of, resume_point, solo_covered
 from ablate.service.specs.params import PACK_KEY, config_from_params, flat_params
 from ablate.trial_log import ERROR_KEY, ended, intact_rows, last_step, read_rows
 
-__all__ = ["AblateTrainable", "CHECKPOINT_FILE", "load_state", "write_checkpoint"]
+__all__ = ["AblateTrainable", "CHECKPOINT_FILE"]
 
 _log = logging.getLogger("ablate.service.execution.trainable")
 
-CONFIG_FILE = "config.json"
 #: Idle cores (beyond the trial's own) that switch its batch prefetch thread on for the next report period.
 SPARE_CORES_FOR_PREFETCH = 0.5
 #: The lock a trial holds on its folder while it trains (ablate.pidlock).
 TRIAL_LOCK = ".trial.lock"
-#: Keys Ray adds to every report (a finished trial's last report is handed back without them).
-_RAY_KEYS = (
-    "training_iteration", "trial_id", "time_this_iter_s", "time_total_s", "timestamp", "date", "pid",
-    "hostname", "node_ip", "time_since_restore", "iterations_since_restore", "done", "config",
-)  # fmt: skip
-
-
-def write_checkpoint(directory: str | os.PathLike, state: dict[str, Any], config: dict[str, Any]) -> None:
-    """Write ``state`` (torch) and ``config`` (JSON) into ``directory``, each atomically."""
-    d = Path(directory)
-    atomic_write(d / CHECKPOINT_FILE, lambda p: torch.save(state, p))
-    atomic_write(d / CONFIG_FILE, lambda p: p.write_text(json.dumps(config, indent=1, default=str)))
 
 
 class AblateTrainable(tune.Trainable):
-    """Ray Tune Trainable running one grid point; ``config`` is the trial's param dict."""
+    """Ray Tune Trainable running one grid point; ``config`` is the trial's param dict. It has no Ray checkpoint
+    (``save_checkpoint``): the runner turns Ray's checkpoints off, and the trial keeps its own in its record."""
 
     def setup(self, config: dict[str, Any]) -> None:
         for name in ("ray.tune", "ray.train"):  # no log line per checkpoint
@@ -89,8 +76,33 @@ class AblateTrainable(tune.Trainable):
         torch.set_num_threads(max(1, int(round(cpus))))
 
     def step(self) -> dict[str, Any]:
+        """One Ray result: the reports trained until ``--results-every`` seconds have passed (a search's trial, or
+        one used outside a run: one report), the last one with the ones before it under ``reports``
+        (:mod:`ablate.service.execution.results`); its checkpoint after the last one only, since a checkpoint
+        counts once its report is in the log, and the log gets these reports together."""
         if self._finished_row is not None:  # a search's repeat of a setting the run finished or failed: its end
             return {**self._finished_row, "done": True}
+        deadline = time.monotonic() + self._results_every()
+        earlier: list[dict[str, Any]] = []
+        while True:
+            begun = time.monotonic()
+            result = self._report()
+            if result.get("done") or time.monotonic() >= deadline:
+                break
+            earlier.append({**result, "time_this_iter_s": time.monotonic() - begun})
+        if earlier:
+            result[REPORTS_KEY] = earlier
+        if not result.get(ERROR_KEY):  # no checkpoint of non-finite weights
+            self._save_to_record(final=bool(result.get("done")))
+        return result
+
+    def _results_every(self) -> float:
+        """Seconds between the trial's results to Ray (its record's ``results_every``; 0 outside a run)."""
+        return float(self._record.get("results_every", 0.0)) if self._record_dir() is not None else 0.0
+
+    def _report(self) -> dict[str, Any]:
+        """Train one report period and evaluate: the report (``done`` at the trial's stop; its error, done, when
+        the loss went non-finite)."""
         cfg = self.run_config
         n = min(cfg.report_every, cfg.max_steps - self.experiment.step)
         spare = self._spare_cores.spare()
@@ -98,14 +110,13 @@ class AblateTrainable(tune.Trainable):
         self.experiment.prefetch = spare is not None and spare >= SPARE_CORES_FOR_PREFETCH
         try:
             result = self.experiment.train(n)
-        except NonFiniteLossError as exc:  # ends the trial with its error; no checkpoint of non-finite weights
+        except NonFiniteLossError as exc:  # ends the trial with its error
             return self._error_row(exc)
         result["prefetch"] = self.experiment.prefetch
         result.update(self.experiment.evaluate())
         self.latest_r2 = result["r2"]
         reached = cfg.target_r2 is not None and result["r2"] >= cfg.target_r2
         result["done"] = self.experiment.step >= cfg.max_steps or reached
-        self._save_to_record(final=result["done"])
         return result
 
     def _error_row(self, exc: NonFiniteLossError) -> dict[str, Any]:
@@ -116,15 +127,6 @@ class AblateTrainable(tune.Trainable):
         if isinstance(metric, str):
             row[metric] = float("nan")
         return row
-
-    def save_checkpoint(self, checkpoint_dir: str) -> None:
-        """Ray's own checkpoint (not used by ablate's runs, which keep their checkpoints in the trial's record)."""
-        write_checkpoint(checkpoint_dir, self.experiment.state_dict(), self.params)
-
-    def load_checkpoint(self, checkpoint: str | dict | None) -> None:
-        """Load a checkpoint that :meth:`save_checkpoint` wrote."""
-        if checkpoint is not None:
-            self.experiment.load_state_dict(load_state(checkpoint, self.experiment.device))
 
     # ------------------------------------------------------------------ the trial's own record
     def _record_dir(self) -> Path | None:
@@ -150,7 +152,7 @@ class AblateTrainable(tune.Trainable):
         self._lock_record(folder)
         rows = intact_rows(read_rows(folder / RESULT_FILE))
         if ended(rows, self.run_config.max_steps, self.run_config.target_r2) and PACK_KEY not in self.params:
-            self._finished_row = {k: v for k, v in rows[-1].items() if k not in _RAY_KEYS}
+            self._finished_row = {k: v for k, v in rows[-1].items() if k not in RAY_KEYS}
             return
         state = resume_point(folder, self._covered(), self.experiment.device)
         if state is not None:

@@ -172,21 +172,26 @@ def check_trial_folders(run_dir: str | Path) -> None:
             )
 
 
-def plan_run(grid: Grid, run_dir: str | Path, *, pack: int = 1, keep: int = 2, every: float = 0.0) -> Plan:
+def plan_run(
+    grid: Grid, run_dir: str | Path, *, pack: int = 1, keep: int = 2, every: float = 0.0, results_every: float = 0.0
+) -> Plan:
     """Decide what running ``grid`` into the run directory does (:func:`decide_run`) and write it
     (:func:`apply_plan`): each point's params.json, new packs' pack.json, the logs of the trials that continue cut
     back to their checkpoint. Returns the :class:`Plan`."""
-    return apply_plan(decide_run(grid, run_dir, pack=pack, keep=keep, every=every), run_dir)
+    plan = decide_run(grid, run_dir, pack=pack, keep=keep, every=every, results_every=results_every)
+    return apply_plan(plan, run_dir)
 
 
-def decide_run(grid: Grid, run_dir: str | Path, *, pack: int = 1, keep: int = 2, every: float = 0.0) -> Plan:
+def decide_run(
+    grid: Grid, run_dir: str | Path, *, pack: int = 1, keep: int = 2, every: float = 0.0, results_every: float = 0.0
+) -> Plan:
     """What running ``grid`` into ``run_dir`` does, decided from the run directory's files without writing any:
     per point reuse, continue (from which step) or start; the packs; and what :func:`apply_plan` will write.
     Refuses (:class:`RunError`) a ``max_steps`` below what the run trained.
 
     ``pack`` > 1: the points that remain train in packs of up to ``pack`` points (packs already in the run keep
     their members). ``keep``: checkpoints each trial keeps; ``every``: seconds between its checkpoints (0: every
-    report).
+    report); ``results_every``: seconds between a trial's results to Ray (0: a result per report).
     """
     run_dir = Path(run_dir)
     existing = _existing(run_dir)
@@ -205,7 +210,7 @@ def decide_run(grid: Grid, run_dir: str | Path, *, pack: int = 1, keep: int = 2,
         plan.params.append(p)
         (plan.continued if action == "continue" else plan.started).append(p.trial_id)
         todo.append(p)
-    record = {"dir": str(run_dir), "keep": keep, "every": every}
+    record = {"dir": str(run_dir), "keep": keep, "every": every, "results_every": results_every}
     if pack > 1:
         _plan_packs(plan, todo, run_dir, pack, record)
         return plan
