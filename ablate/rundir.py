@@ -46,7 +46,7 @@ from ablate.files import (  # re-exported: the run directory's writes
 from ablate.marker import marker_problem
 from ablate.messages import quote
 from ablate.pidlock import lock_holder
-from ablate.trial_log import ERROR_KEY, failure_count, intact_rows, trial_status
+from ablate.trial_log import ERROR_KEY, failure_count, finished, intact_rows, trial_status
 
 __all__ = [
     "BEST_CONFIG_FILE",
@@ -319,14 +319,19 @@ class RunReader:
         text = self.read_text(trial_dir, PARAMS_FILE)
         return _parsed(text) if text else None
 
-    def trial_states(self) -> dict[str, dict[str, Any]]:
-        """trial_id → {status, params, config, failures, iteration, pack, error} of each point of the run, from
-        ablate's files alone (:func:`ablate.trial_log.trial_status`; a driver is live while it holds the run's lock,
-        :data:`DRIVER_LOCK`, and no Ctrl-C stopped it)."""
-        points = self.points() or {n.removeprefix(TRIAL_PREFIX): self.params(n) or {} for n in self.trial_dirs()}
+    def driver_live(self) -> bool:
+        """Whether an `ablate run` is writing the run now: it holds :data:`DRIVER_LOCK` and no Ctrl-C stopped it."""
         live = self.fs is None and lock_holder(self._join(DRIVER_LOCK)) is not None
-        live = live and self.read_text(INTERRUPTED_FILE) is None
-        packs = self._packs()
+        return live and self.read_text(INTERRUPTED_FILE) is None
+
+    def trial_states(self) -> dict[str, dict[str, Any]]:
+        """trial_id → {status, params, config, failures, iteration, pack, error, stopped_early} of each point of the
+        run, from ablate's files alone (:func:`ablate.trial_log.trial_status`; a driver is live while it holds the
+        run's lock, :data:`DRIVER_LOCK`, and no Ctrl-C stopped it). ``stopped_early``: the step of the last report of
+        a trial its scheduler stopped before its stop settings (TERMINATED, with :data:`STOPPED_FILE` beside its
+        log), else None."""
+        points = self.points() or {n.removeprefix(TRIAL_PREFIX): self.params(n) or {} for n in self.trial_dirs()}
+        live, packs = self.driver_live(), self._packs()
         out = {}
         for trial_id, params in points.items():
             name = f"{TRIAL_PREFIX}{trial_id}"
@@ -337,6 +342,8 @@ class RunReader:
             target = variant.get("target_r2", params.get("target_r2"))
             stopped = self.read_text(name, STOPPED_FILE) is not None
             status = trial_status(rows, max_steps, target, error=isinstance(error, dict), stopped=stopped, live=live)
+            reached = isinstance(max_steps, int) and finished(rows, max_steps, target)
+            early = status == "TERMINATED" and stopped and not reached
             out[trial_id] = {
                 "status": status,
                 "params": params,
@@ -345,6 +352,7 @@ class RunReader:
                 "iteration": None,
                 "pack": packs.get(trial_id),
                 "error": error.get("error") if isinstance(error, dict) else (rows[-1].get(ERROR_KEY) if rows else None),
+                "stopped_early": rows[-1].get("step") if early else None,
             }
         return out
 

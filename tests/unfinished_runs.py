@@ -1,5 +1,7 @@
-"""A run folder built by hand whose trials did not all finish (issue 36): compare, the claims and the report must
-read final values from the finished trials only and name the others with why.
+"""Run folders built by hand whose trials did not all finish (issue 36): compare, the claims and the report must
+read final values from the finished trials only and name the others with why. :func:`unfinished_run` is described
+here; :func:`searched_run` (trials a search's scheduler stopped early) and :func:`linear_lambda_run` (two claims on
+one run) at their definitions.
 
 The ``ensemble`` grid (claim 7: InfoNCE < AnInfoNCE < ensemble), ``max_steps`` 20, reports at steps 10 and 20:
 
@@ -14,7 +16,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ablate.rundir import PARAMS_FILE, RESULT_FILE, TRIAL_PREFIX, write_marker
+from ablate.columns import r2_block_column
+from ablate.config import RunConfig
+from ablate.rundir import PARAMS_FILE, RESULT_FILE, STOPPED_FILE, TRIAL_PREFIX, write_marker
 from ablate.trial_log import ERROR_KEY
 
 MAX_STEPS = 20
@@ -52,9 +56,19 @@ def _trial(root: Path, trial_id: str, rows: list[dict]) -> None:
     (folder / RESULT_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
-def unfinished_run(root: Path, *, ensemble_finished: bool = True) -> Path:
+def _stopped_by_the_scheduler(folder: Path, step: int) -> None:
+    """What ablate writes beside the log of a trial its scheduler (ASHA) stopped early (ablate.rundir.STOPPED_FILE)."""
+    (folder / STOPPED_FILE).write_text(json.dumps({"by": "the scheduler", "step": step}))
+
+
+#: ``unfinished_run(..., scheduler_stopped=True)``'s extra trial: its scheduler stopped it at step 10 (R² 0.1 there).
+SCHEDULER_STOPPED = "infonce_3"
+
+
+def unfinished_run(root: Path, *, ensemble_finished: bool = True, scheduler_stopped: bool = False) -> Path:
     """The run described above under ``root``; ``ensemble_finished=False``: ``ensemble_1`` is interrupted at
-    step 10 too, so no ensemble trial finished."""
+    step 10 too, so no ensemble trial finished; ``scheduler_stopped=True``: a fourth InfoNCE seed
+    (:data:`SCHEDULER_STOPPED`) was stopped early by a scheduler at step 10."""
     root.mkdir(parents=True, exist_ok=True)
     write_marker(str(root), {"grid": "ensemble", "scale": "smoke", "axes": ["variant", "seed"]})
     for variant, seeds in FINISHED.items():
@@ -63,4 +77,102 @@ def unfinished_run(root: Path, *, ensemble_finished: bool = True) -> Path:
             _trial(root, f"{variant}_{seed}", rows if ensemble_finished or variant != "ensemble" else rows[:1])
     _trial(root, INTERRUPTED, [_report(1, 0.2)])
     _trial(root, ERRORED, [_report(1, 0.3), {"training_iteration": 2, "step": 20, ERROR_KEY: NAN_ERROR}])
+    if scheduler_stopped:
+        _trial(root, SCHEDULER_STOPPED, [_report(1, 0.1)])
+        _stopped_by_the_scheduler(root / f"{TRIAL_PREFIX}{SCHEDULER_STOPPED}", 10)
+    return root
+
+
+# ------------------------------------------------------------------------------------------------ a search's run
+#: :func:`searched_run`'s trials: lr_schedule → {trial id: (final R², reports)}; 2 reports (steps 5, 10) reach the
+#: stop (max_steps 10), 1 report (step 5) is a trial ASHA stopped there.
+SEARCHED = {
+    "constant": {"c0": (0.60, 2), "c1": (0.64, 2), "c2": (0.20, 1)},
+    "cosine": {"k0": (0.80, 2), "k1": (0.84, 2), "k2": (0.30, 1)},
+}
+#: What compare, the claims and the report say of the trials ASHA stopped.
+SEARCH_LEFT_OUT = {
+    "c2": "stopped early by the scheduler at step 5",
+    "k2": "stopped early by the scheduler at step 5",
+}
+
+
+def searched_run(root: Path) -> Path:
+    """A search's run (``tune_aninfonce`` at smoke scale: Optuna + ASHA, ``max_steps`` 10, reports every 5 steps):
+    per ``lr_schedule``, two trials that reached their stop and one that ASHA stopped at step 5, with
+    ``stopped.json`` beside its log (see :data:`SEARCHED`). ``ablate status`` counts all six as finished; final
+    values come from the four that reached their stop."""
+    root.mkdir(parents=True, exist_ok=True)
+    axes = ["lr_schedule", "batch_size", "seed"]
+    write_marker(str(root), {"grid": "tune_aninfonce", "scale": "smoke", "search": "optuna", "axes": axes})
+    for schedule, trials in SEARCHED.items():
+        for trial_id, (r2, n) in trials.items():
+            folder = root / f"{TRIAL_PREFIX}{trial_id}"
+            folder.mkdir(parents=True)
+            params = {"lr_schedule": schedule, "batch_size": 16, "seed": 0, "max_steps": 10, "target_r2": 0.99}
+            (folder / PARAMS_FILE).write_text(json.dumps(params))
+            rows = [{**_report(i, r2 * i / n), "step": 5 * i} for i in range(1, n + 1)]
+            (folder / RESULT_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))
+            if n == 1:
+                _stopped_by_the_scheduler(folder, 5)
+    return root
+
+
+# ------------------------------------------------------------------------------------------------ two claims, one run
+#: :func:`linear_lambda_run`'s trials: (variant, top of the Λ range, seed) → final R², or why it did not finish.
+LINEAR = {
+    ("aninfonce", 50, 0): 0.97,
+    ("aninfonce", 50, 1): 0.99,
+    ("aninfonce", 50, 2): "interrupted",
+    ("infonce", 50, 0): 0.75,
+    ("infonce", 50, 1): 0.79,
+    ("aninfonce", 25, 0): 0.98,
+    ("aninfonce", 25, 1): 0.96,
+    ("infonce", 25, 0): 0.80,
+    ("infonce", 25, 1): "errored",
+    ("infonce", 25, 2): 0.78,
+    ("infonce_tau0.2", 50, 0): "interrupted",
+}
+_LINEAR_VARIANTS = {
+    "aninfonce": {"name": "aninfonce", "loss": "aninfonce"},
+    "infonce": {"name": "infonce", "loss": "infonce", "tau": 1.0},
+    "infonce_tau0.2": {"name": "infonce_tau0.2", "loss": "infonce", "tau": 0.2},
+}
+#: What each claim of the run names: claim 3 reads AnInfoNCE and InfoNCE at Λ 5 → 50, its second row at 5 → 25;
+#: neither reads InfoNCE at τ = 0.2.
+LINEAR_LEFT_OUT = {
+    50: {"aninfonce_50_2": "interrupted at step 10"},
+    25: {"infonce_25_1": "errored at step 20"},
+}
+
+
+def linear_lambda_run(root: Path) -> Path:
+    """A ``linear_lambda`` run (d = 10, ``max_steps`` 20, reports at steps 10 and 20) that decides two claims: claim
+    3 on Λ linearly 5 → 50 and its second row on 5 → 25 (the public MLP run's range). Each trial of :data:`LINEAR`
+    reports R² on every Λ block; an interrupted one stopped at step 10, an errored one's loss went non-finite, so
+    its last row (step 20) holds only the error. AnInfoNCE's reports carry ``lambda_rank_corr`` 0.95."""
+    root.mkdir(parents=True, exist_ok=True)
+    write_marker(str(root), {"grid": "linear_lambda", "scale": "smoke", "axes": ["concentration", "variant", "seed"]})
+    for (variant, top, seed), end in LINEAR.items():
+        params = {
+            "variant": _LINEAR_VARIANTS[variant],
+            "concentration": {"linspace": [5, top]},
+            "latent_dim": 10,
+            "seed": seed,
+            "max_steps": MAX_STEPS,
+        }
+        lams = RunConfig.build({k: v for k, v in params.items() if k != "variant"}).lambda_true
+        r2 = end if isinstance(end, float) else 0.4
+        blocks = {r2_block_column(lam): r2 for lam in lams}
+        if variant == "aninfonce":  # Λ̂ tracks Λ (claim 3's first check)
+            blocks["lambda_rank_corr"] = 0.95
+        rows = [{**_report(1, r2 / 2), **blocks}, {**_report(2, r2), **blocks}]
+        if end == "interrupted":
+            rows = rows[:1]
+        elif end == "errored":
+            rows = [rows[0], {"training_iteration": 2, "step": 20, ERROR_KEY: NAN_ERROR}]
+        folder = root / f"{TRIAL_PREFIX}{variant}_{top}_{seed}"
+        folder.mkdir(parents=True)
+        (folder / PARAMS_FILE).write_text(json.dumps(params))
+        (folder / RESULT_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))
     return root

@@ -47,6 +47,7 @@ __all__ = [
     "difference",
     "mean_interval",
     "point_table",
+    "running_values",
     "seed_ci",
     "unfinished_trials",
     "values_at",
@@ -267,29 +268,59 @@ def seed_ci(df: pd.DataFrame, keys: list[str], value: str, level: float = LEVEL)
     return out[[*keys, "mean", "lo", "hi", "n_seeds"]]
 
 
+def running_values(df: pd.DataFrame, metric: str = "r2") -> pd.DataFrame:
+    """The latest report with a finite ``metric`` of each trial still running (status RUNNING): one row per trial,
+    as the table holds it. Not a final value (:mod:`ablate.analysis.finished`): shown beside final values, never
+    pooled with them."""
+    if df.empty or "status" not in df.columns or metric not in df.columns:
+        return df.iloc[0:0]
+    live = df[df["status"].astype(str).eq("RUNNING") & pd.to_numeric(df[metric], errors="coerce").notna()]
+    return final_rows(live)
+
+
+def _running_text(rows: pd.DataFrame, metric: str) -> str:
+    """``0.4312 (running at step 500)`` for each of ``rows`` (:func:`running_values`), joined by ``; ``."""
+    steps = rows["step"] if "step" in rows.columns else pd.Series(math.nan, index=rows.index)
+    return "; ".join(
+        f"{float(v):.4f} (running" + (f" at step {int(s)})" if pd.notna(s) else ")")
+        for v, s in zip(rows[metric], steps)
+    )
+
+
 def point_table(df: pd.DataFrame, axes: list[str], metric: str = "r2", level: float = LEVEL) -> pd.DataFrame:
     """One row per grid point: its axes, the count of its finished seeds, and their final ``metric`` as mean with
-    its interval. Trials that did not finish are left out (:func:`ablate.analysis.finished.finished_only`), named
-    with why in ``attrs["left_out"]``.
+    its interval. Trials that did not finish are left out of these (:func:`ablate.analysis.finished.finished_only`),
+    named with why in ``attrs["left_out"]``. While trials run, a column ``running`` shows each running trial's latest
+    ``metric`` with its step (:func:`running_values`), beside the mean, never in it; a point none of whose trials
+    finished yet has a row with 0 seeds and no mean.
 
-    Columns: the axes, ``seeds``, ``mean``, ``ci`` (``[lo, hi]``, or ``n=1: too few seeds`` below 2 seeds).
+    Columns: the axes, ``seeds``, ``mean``, ``ci`` (``[lo, hi]``, or ``n=1: too few seeds`` below 2 seeds), and
+    ``running`` (``0.4312 (running at step 500)``, ``; ``-separated) while any trial runs.
     """
     cols = [*axes, "seeds", "mean", "ci"]
     left_out = unfinished_trials(df)
-    df = finished_only(df)
     if df.empty or metric not in df.columns:
         out = pd.DataFrame(columns=cols)
         out.attrs["left_out"] = left_out
         return out
-    rows = values_at(df, metric)
+    parts = [
+        values_at(finished_only(df), metric).assign(_running=False),
+        running_values(df, metric).assign(_running=True),
+    ]
+    rows = pd.concat([p for p in parts if not p.empty] or parts[:1])
     keys = [a for a in axes if a in rows.columns]
+    live = bool(rows["_running"].any())
     records = []
     for key, sub in rows.groupby(keys, dropna=False, sort=False) if keys else [((), rows)]:
         key = key if isinstance(key, tuple) else (key,)
-        m, lo, hi, n = mean_interval(sub[metric], level)
-        ci = f"[{lo:.4f}, {hi:.4f}]" if n >= MIN_SEEDS else f"n={n}: too few seeds"
-        records.append({**dict(zip(keys, key)), "seeds": n, "mean": round(m, 4), "ci": ci})
-    out = pd.DataFrame(records, columns=[*keys, "seeds", "mean", "ci"])
+        done, running = sub[~sub["_running"]], sub[sub["_running"]]
+        m, lo, hi, n = mean_interval(done[metric], level)
+        ci = f"[{lo:.4f}, {hi:.4f}]" if n >= MIN_SEEDS else ("" if n == 0 else f"n={n}: too few seeds")
+        record = {**dict(zip(keys, key)), "seeds": n, "mean": round(m, 4), "ci": ci}
+        if live:
+            record["running"] = _running_text(running, metric)
+        records.append(record)
+    out = pd.DataFrame(records, columns=[*keys, "seeds", "mean", "ci", *(["running"] if live else [])])
     if keys:
         out = out.sort_values(keys, key=lambda s: s.map(natural_key), kind="stable").reset_index(drop=True)
     out.attrs["left_out"] = left_out

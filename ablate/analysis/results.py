@@ -19,7 +19,19 @@ from ablate.service.specs.grids import axis_text
 __all__ = ["LEAD_COLUMNS", "NothingToExport", "axis_value", "differing_settings", "export_results", "load_results"]
 
 #: Columns that lead the table, in this order (when present).
-LEAD_COLUMNS = ["trial_id", "status", "seed", "training_iteration", "step", "samples_seen", "time_total_s", "r2"]
+LEAD_COLUMNS = [
+    "trial_id",
+    "status",
+    "stopped_early",
+    "seed",
+    "training_iteration",
+    "step",
+    "samples_seen",
+    "time_total_s",
+    "r2",
+]
+#: How many of :data:`LEAD_COLUMNS` come before the grid's axes.
+_BEFORE_AXES = 3
 #: Ray bookkeeping left out of the table.
 _DROP = {
     "config",
@@ -82,14 +94,17 @@ def _effective(params: dict[str, Any], keys: set[str]) -> dict[str, Any]:
 def load_results(run_dir: str | Path, grid: str | None = None) -> pd.DataFrame:
     """One row per trial per report, with the grid axes as columns under their YAML names.
 
-    Columns: trial_id, status, every grid axis, seed, loss_name (and ``loss_options.<key>`` for a plugin loss's
-    options), training_iteration, step, samples_seen,
+    Columns: trial_id, status, stopped_early (True for a search's trial its scheduler stopped before its stop
+    settings: TERMINATED, but without a final value, :mod:`ablate.analysis.finished`), every grid axis, seed,
+    loss_name (and ``loss_options.<key>`` for a plugin loss's options), training_iteration, step, samples_seen,
     time_total_s, r2, r2_lambda_<Λ>, r2_dim_<i>, mcc, loss, loss_floor, lambda_hat_<i>, pack (the pack trial and
     index of a member of a pack, ``ablate run --pack``; empty otherwise), and the other reported metrics. ``df.attrs`` holds the run marker (grid, scale, axes).
     """
     reader = RunReader(run_dir, grid)
     info = reader.marker()
-    statuses = reader.statuses()
+    states = reader.trial_states()
+    statuses = {trial_id: state["status"] for trial_id, state in states.items()}
+    stopped_early = {trial_id for trial_id, state in states.items() if state.get("stopped_early") is not None}
     settings = {name: reader.params(name) or {} for name in reader.trial_dirs()}
     axes = [a for a in info.get("axes", []) if a != "seed"]
     keys = {k for params in settings.values() for k in params if k not in _NOT_SETTINGS}
@@ -103,7 +118,11 @@ def load_results(run_dir: str | Path, grid: str | None = None) -> pd.DataFrame:
         unique = {row.get("training_iteration", 0): row for row in rows}  # a replayed report supersedes
         for it in sorted(unique):
             row = unique[it]
-            rec: dict[str, Any] = {"trial_id": trial_id, "status": statuses.get(trial_id, "UNKNOWN")}
+            rec: dict[str, Any] = {
+                "trial_id": trial_id,
+                "status": statuses.get(trial_id, "UNKNOWN"),
+                "stopped_early": trial_id in stopped_early,
+            }
             for k, v in row.items():
                 if k in _DROP or k == "trial_id":
                     continue
@@ -119,7 +138,8 @@ def load_results(run_dir: str | Path, grid: str | None = None) -> pd.DataFrame:
             records.append(rec)
     df = pd.DataFrame.from_records(records)
     if not df.empty:
-        lead = [c for c in ["trial_id", "status", *axes, *LEAD_COLUMNS[2:]] if c in df.columns]
+        order = [*LEAD_COLUMNS[:_BEFORE_AXES], *axes, *LEAD_COLUMNS[_BEFORE_AXES:]]
+        lead = [c for c in order if c in df.columns]
         df = df[lead + [c for c in df.columns if c not in lead]]
         df = df.sort_values(["trial_id", "training_iteration"], kind="stable").reset_index(drop=True)
     df.attrs.update(

@@ -18,9 +18,11 @@ from ablate.service.specs.grid import DEFAULT_SCALE
 from ablate.service.specs.grids import Grid, GridError, grid_from_text, load_grid, natural_key
 from ablate.service.specs.params import config_from_params
 
-__all__ = ["Run", "RunContext", "final_rows", "generator_table", "load_run", "run_finished", "trial_table"]
+__all__ = ["Run", "RunContext", "final_rows", "generator_table", "load_run", "nothing_left_to_run", "trial_table"]
 
-_FINISHED = {"TERMINATED", "ERROR"}
+#: Statuses of a trial that its run's driver has nothing left to run for: it reached its stop or its scheduler
+#: stopped it (TERMINATED), or it failed (ERROR).
+_ENDED = {"TERMINATED", "ERROR"}
 
 
 @dataclass
@@ -120,17 +122,23 @@ def load_run(run_dir: str | Path, grid: str | None = None) -> Run:
     )
 
 
-def run_finished(run: Run) -> bool:
-    """True once every trial of the run has finished (or errored)."""
+def nothing_left_to_run(run: Run) -> bool:
+    """True once the run's driver has nothing left to run: every trial the run expects is known and ended,
+    TERMINATED (it reached its stop, or its scheduler stopped it early) or ERROR (it failed); none is pending,
+    running or interrupted. ``ablate report --watch`` stops here.
+
+    Not "every trial has a final value": an errored trial and one its scheduler stopped early have none, and
+    final-value comparisons leave them out (:mod:`ablate.analysis.finished`)."""
     expected = int(run.marker.get("n_trials") or 0)
     if not run.statuses or len(run.statuses) < expected:
         return False
-    return all(s in _FINISHED for s in run.statuses.values())
+    return all(s in _ENDED for s in run.statuses.values())
 
 
 def trial_table(run: Run) -> pd.DataFrame:
     """One row per trial: its axes, seed, status, steps and R² at its last report (trials without reports
-    included); that R² is a final value only where the status is TERMINATED (:mod:`ablate.analysis.finished`)."""
+    included); that R² is a final value only where the trial finished: TERMINATED, and not stopped early by its
+    scheduler (:mod:`ablate.analysis.finished`)."""
     axes = run.ctx.axes
     fin = final_rows(run.df).set_index("trial_id") if not run.df.empty else pd.DataFrame()
     rows = []

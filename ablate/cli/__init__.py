@@ -167,19 +167,20 @@ def _one_line(text: str, limit: int = 300) -> str:
 
 # ------------------------------------------------- report / export / dashboard
 def cmd_report(args: argparse.Namespace) -> int:
-    from ablate.reports.report import watch_report, write_report
+    from ablate.reports.report import left_out_note, load_run, watch_report, write_report
 
     out = args.out or (str(Path(args.run_dir) / f"report-{args.grid}.html") if args.grid else None)
     if args.watch is None:
-        print(f"report: {write_report(args.run_dir, out, args.dashboard, grid=args.grid)}")
+        run = load_run(args.run_dir, args.grid)
+        print(f"report: {write_report(run, out, args.dashboard)}")
+        if note := left_out_note(run):  # the page's line under its grid points, word for word
+            print(note)
         return 0
     try:
         log = lambda m: print(m, flush=True)  # noqa: E731
-        path = watch_report(args.run_dir, out, args.watch, args.dashboard, log=log, grid=args.grid)
+        watch_report(args.run_dir, out, args.watch, args.dashboard, log=log, grid=args.grid)  # logs why it ended
     except KeyboardInterrupt:
         print("stopped watching; the report holds the last refresh", file=sys.stderr)
-        return 0
-    print(f"every trial finished; final report: {path}")
     return 0
 
 
@@ -279,7 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         const=10.0,
         metavar="SECONDS",
-        help="rewrite the report every SECONDS (default 10) until every trial finished",
+        help="rewrite the report every SECONDS (default 10) until no trial is left to run (each finished or failed)",
     )
     rp.add_argument("--dashboard", help="a dashboard spec YAML (default: ablate/dashboards/<grid>.yaml)")
     rp.add_argument("--grid", help=GRID_HELP)

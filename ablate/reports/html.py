@@ -20,13 +20,13 @@ import pandas as pd
 
 from ablate.analysis.compare import point_table
 from ablate.analysis.finished import left_out_line, unfinished_trials
-from ablate.analysis.run import Run, generator_table, run_finished, trial_table
+from ablate.analysis.run import Run, generator_table, nothing_left_to_run, trial_table
 from ablate.analysis.status import last_run
 from ablate.provenance import summary_line
 from ablate.reports.panels import PANELS, PanelResult
 from ablate.reports.spec import Dashboard
 
-__all__ = ["render_html"]
+__all__ = ["LEFT_OUT_WHY", "left_out_note", "render_html"]
 
 _CSS = """
 body { font-family: system-ui, -apple-system, 'Segoe UI', sans-serif; margin: 0 auto; max-width: 1400px;
@@ -178,36 +178,48 @@ def _settings_html(run: Run) -> str:
 #: Why the trials that did not finish are left out, as the report says it.
 LEFT_OUT_WHY = (
     "a last report before the end is not a final value: the grid points and the final-value panels show the "
-    "finished trials only; curves draw these up to their last report, ✕ where one errored or was interrupted"
+    "finished trials only; curves draw these up to their last report, ✕ where one stopped before its end"
 )
 
 
+def left_out_note(run: Run) -> str:
+    """The report's line naming the trials it leaves out of final values, each with why (the same words on the page
+    and from `ablate report`, :func:`ablate.analysis.finished.left_out_line`); "" when every trial finished."""
+    left_out = unfinished_trials(run.df)
+    return left_out_line(left_out, LEFT_OUT_WHY) if left_out else ""
+
+
 def _points_html(run: Run) -> str:
-    """The trials grouped by grid point: final R² of the finished seeds as mean with its 95 % t interval (no table
-    if no point has two), and under it the trials left out because they did not finish, each with why."""
+    """The trials grouped by grid point: final R² of the finished seeds as mean with its 95 % t interval and, while
+    trials run, each running trial's latest R² marked ``running at step N`` beside it (no table if no point has two
+    finished seeds and none runs), and under it the trials left out because they did not finish, each with why."""
     points = point_table(run.df, run.ctx.axes)
-    left_out = points.attrs.get("left_out") or {}
+    note = left_out_note(run)
+    live = "running" in points.columns
     parts = []
-    if not points.empty and points["seeds"].max() >= 2:
+    if not points.empty and (points["seeds"].max() >= 2 or live):
+        running = "; beside them, each trial still running with its latest R², not in the mean" if live else ""
+        names = {"mean": "final R² (mean)", "ci": "95 % CI", "running": "still running: latest R² (not in the mean)"}
         parts.append(
             "<details open><summary>grid points: final R², mean over seeds with its 95 % confidence interval "
-            "(Student's t; `ablate compare RUN --by AXIS` tests differences), of the trials that finished</summary>"
-            f"{_html_table(points.rename(columns={'mean': 'final R² (mean)', 'ci': '95 % CI'}))}</details>"
+            "(Student's t; `ablate compare RUN --by AXIS` tests differences), of the trials that finished"
+            f"{running}</summary>{_html_table(points.rename(columns=names))}</details>"
         )
-    if left_out:
-        parts.append(f"<p class='warn' id='left-out'>{html.escape(left_out_line(left_out, LEFT_OUT_WHY))}</p>")
+    if note:
+        parts.append(f"<p class='warn' id='left-out'>{html.escape(note)}</p>")
     return "\n".join(parts)
 
 
 def _unfinished_note(finals: bool, data: pd.DataFrame, n_unfinished: int) -> str:
     """Under a panel's heading, while some trials did not finish (they are named under the trials' table): a
-    final-value panel shows the finished ones only; a curve marks where an errored or interrupted one stopped."""
+    final-value panel shows the finished ones only; a curve marks where one stopped before its end (errored,
+    interrupted, or stopped early by its scheduler)."""
     if not n_unfinished:
         return ""
     if finals:
         what = "final values of the trials that finished only"
     elif "ended" in data.columns and (data["ended"] != "").any():
-        what = "every trial is drawn up to its last report; ✕ marks where an errored or interrupted one stopped"
+        what = "every trial is drawn up to its last report; ✕ marks where one stopped before its end"
     else:
         return ""
     return (
@@ -263,14 +275,15 @@ def render_html(
     ``extra_views`` (e.g. Optuna's views of the study) follow the panels: each has ``name``, ``title``,
     ``describe``, ``data``, ``figure`` (None when skipped) and ``note``.
 
-    ``refresh`` (seconds) makes the page reload itself (``--watch``); ``finished`` defaults to :func:`run_finished`.
+    ``refresh`` (seconds) makes the page reload itself (``--watch``); ``finished`` (no trial left to run)
+    defaults to :func:`ablate.analysis.run.nothing_left_to_run`.
     """
 
     table = trial_table(run)
     counts = table["status"].value_counts().to_dict() if not table.empty else {}
     expected = int(run.marker.get("n_trials") or len(table))
     not_started = max(expected - len(table), 0)
-    finished = run_finished(run) if finished is None else finished
+    finished = nothing_left_to_run(run) if finished is None else finished
     state = "finished" if finished else "in progress"
     count_text = ", ".join(f"{n} {s.lower()}" for s, n in sorted(counts.items()))
     if not_started:

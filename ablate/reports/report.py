@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from ablate.analysis.run import Run, load_run, run_finished
-from ablate.reports.html import render_html
+from ablate.analysis.run import Run, load_run, nothing_left_to_run
+from ablate.reports.html import left_out_note, render_html
 from ablate.reports.optuna_views import OptunaView, optuna_views
 from ablate.reports.panels import PanelResult, compute_panels
 from ablate.reports.spec import (
@@ -26,7 +26,7 @@ from ablate.reports.spec import (
     known_dashboards,
     load_dashboard,
 )
-from ablate.rundir import REPORT_FILE, RunError, write_text
+from ablate.rundir import REPORT_FILE, RunError, RunReader, write_text
 
 __all__ = [
     "DASHBOARD_DIR",
@@ -37,10 +37,11 @@ __all__ = [
     "build_panels",
     "default_dashboard",
     "known_dashboards",
+    "left_out_note",
     "load_dashboard",
     "load_run",
     "render_html",
-    "run_finished",
+    "nothing_left_to_run",
     "study_views",
     "watch_report",
     "write_report",
@@ -100,18 +101,34 @@ def watch_report(
     sleep: Callable[[float], None] = time.sleep,
     grid: str | None = None,
 ) -> str:
-    """Rewrite the report every ``every`` seconds until all the run's trials finished (the page reloads itself)."""
+    """Rewrite the report every ``every`` seconds until the run has no trial left to run
+    (:func:`nothing_left_to_run`; the page reloads itself until then), or until no `ablate run` has been writing it
+    at two refreshes in a row (an interrupted run: nothing would change). After the last write, ``log`` gets the
+    report's line naming the trials left out of final values (:func:`left_out_note`), if any, then why watching
+    ended."""
     if every <= 0:
         raise RunError(f"--watch {every}: the interval must be > 0 seconds")
+    idle = 0  # refreshes in a row without a live driver (the first may come before `ablate run` took the run)
     while True:
         run = load_run(run_dir, grid)
-        done = run_finished(run)
-        target = write_report(run, out, dashboard, refresh=None if done else every, finished=done)
+        done = nothing_left_to_run(run)
+        idle = 0 if RunReader(run_dir).driver_live() else idle + 1
+        last = done or idle >= 2
+        target = write_report(run, out, dashboard, refresh=None if last else every, finished=done)
         statuses = pd.Series(list(run.statuses.values()), dtype=object).value_counts().to_dict()
         log(
             f"{time.strftime('%H:%M:%S')} wrote {target}: {len(run.df)} reports, "
             + (", ".join(f"{n} {s.lower()}" for s, n in sorted(statuses.items())) or "no trials yet")
         )
-        if done:
+        if last:
+            if note := left_out_note(run):
+                log(note)
+            left = sum(s not in ("TERMINATED", "ERROR") for s in run.statuses.values())
+            log(
+                f"no trial left to run; final report: {target}"
+                if done
+                else f"no `ablate run` is writing {run_dir} ({left} trial(s) left to run): the report shows it as it "
+                f"stands: {target}; resume the run to go on"
+            )
             return target
         sleep(every)

@@ -382,3 +382,30 @@ def test_a_claim_whose_data_did_not_finish_is_not_measured_and_says_why(tmp_path
         res.checks[0].value == "not measured: needs the three variants (3 trial(s) that did not finish were left out)"
     )
     assert res.criterion == "final R²: InfoNCE < AnInfoNCE < ensemble (means over seeds)"
+
+
+def test_each_claim_names_only_the_trials_it_reads_that_did_not_finish(tmp_path, capsys):
+    """A linear_lambda run decides claim 3 on Λ 5 → 50 and its second row on 5 → 25. Each names only its own
+    unfinished trial (AnInfoNCE at 5 → 50 interrupted; InfoNCE at 5 → 25 errored), never the other claim's, nor
+    InfoNCE at τ = 0.2, which neither claim reads; each is decided on its own range's finished seeds."""
+    from unfinished_runs import LINEAR_LEFT_OUT, linear_lambda_run
+
+    run = str(linear_lambda_run(tmp_path / "run"))
+    results = claims.evaluate_run(run)
+    assert [r.title.split(":")[0] for r in results] == [
+        "Λ linearly spaced 5 → 50",
+        "Λ linearly spaced 5 → 25 (the public MLP run)",
+    ]
+    for top, res in zip((50, 25), results):
+        assert res.left_out == LINEAR_LEFT_OUT[top], top
+        assert res.status == "PASS", (top, res.checks)
+    assert "AnInfoNCE 0.980 ± 0.014 (2 seeds) vs InfoNCE 0.770 ± 0.028 (2 seeds)" in results[0].checks[1].value
+    assert "AnInfoNCE 0.970 ± 0.014 (2 seeds) vs InfoNCE 0.790 ± 0.014 (2 seeds)" in results[1].checks[1].value
+
+    assert cli.main(["claims", run]) == 0
+    blocks = capsys.readouterr().out.split("claim 3 [")[1:]
+    assert len(blocks) == 2
+    for top, block in zip((50, 25), blocks):
+        (line,) = [x.strip() for x in block.splitlines() if "left out" in x]
+        ((trial, why),) = LINEAR_LEFT_OUT[top].items()
+        assert line.startswith("left out: 1 trial(s) that did not finish (") and line.endswith(f": {trial} ({why})")

@@ -52,3 +52,43 @@ def test_compare_claims_and_the_report_leave_out_the_same_trials_with_the_same_w
     (claim,) = evaluate_run(run_dir)
     assert claim.left_out == LEFT_OUT
     assert not {ERRORED, INTERRUPTED} & set(final_values(df)["trial_id"])
+
+
+def test_a_trial_its_scheduler_stopped_early_has_no_final_value():
+    """A search's trial that ASHA stopped before its stop settings is TERMINATED (``ablate status`` counts it as
+    finished) but ended at another step than the trials that reached their stop: the rule leaves it out and says so."""
+    df = pd.DataFrame(
+        {
+            "trial_id": ["done", "done", "asha"],
+            "status": ["TERMINATED", "TERMINATED", "TERMINATED"],
+            "stopped_early": [False, False, True],
+            "training_iteration": [1, 2, 1],
+            "step": [5, 10, 5],
+            "r2": [0.4, 0.8, 0.3],
+        }
+    )
+    assert unfinished_trials(df) == {"asha": "stopped early by the scheduler at step 5"}
+    assert set(finished_only(df)["trial_id"]) == {"done"}
+    assert final_values(df)[["trial_id", "r2"]].to_dict("records") == [{"trial_id": "done", "r2": 0.8}]
+
+
+def test_nothing_left_to_run_is_not_every_trial_finished(tmp_path):
+    """``nothing_left_to_run`` (``ablate report --watch`` stops there) holds once every trial ended, errored ones
+    too; the trials without a final value are still named by the finished rule."""
+    import shutil
+
+    from unfinished_runs import SEARCH_LEFT_OUT, searched_run
+
+    from ablate.analysis.run import nothing_left_to_run
+    from ablate.rundir import TRIAL_PREFIX, read_marker, write_marker
+
+    run_dir = unfinished_run(tmp_path / "run")
+    assert not nothing_left_to_run(load_run(run_dir))  # aninfonce_2 was interrupted: a --resume would run it
+    shutil.rmtree(run_dir / f"{TRIAL_PREFIX}{INTERRUPTED}")
+    run = load_run(run_dir)
+    assert nothing_left_to_run(run) and unfinished_trials(run.df) == {ERRORED: "errored at step 20"}
+    write_marker(str(run_dir), {**read_marker(run_dir), "n_trials": len(run.statuses) + 1})  # one not started yet
+    assert not nothing_left_to_run(load_run(run_dir))
+
+    searched = load_run(searched_run(tmp_path / "search"))  # ASHA stopped two: nothing left, two without a final
+    assert nothing_left_to_run(searched) and unfinished_trials(searched.df) == SEARCH_LEFT_OUT

@@ -17,6 +17,7 @@ from test_panels import COLUMNS
 
 from ablate import cli
 from ablate.analysis.results import load_results
+from ablate.pidlock import PidLock
 from ablate.reports.report import (
     build_panels,
     load_dashboard,
@@ -25,7 +26,7 @@ from ablate.reports.report import (
     watch_report,
     write_report,
 )
-from ablate.rundir import RUN_MARKER, RunError
+from ablate.rundir import DRIVER_LOCK, RUN_MARKER, RunError
 from ablate.service.specs.grids import known_grids, load_grid
 
 
@@ -90,6 +91,8 @@ def test_report_shows_final_values_of_finished_trials_and_names_the_others(tmp_p
     note = html.unescape(note)
     assert note.startswith("left out: 2 trial(s) that did not finish (a last report before the end is not a final")
     assert f"{INTERRUPTED} (interrupted at step 10)" in note and f"{ERRORED} (errored at step 20)" in note
+    # `ablate report` prints the page's line, word for word, under the report's path
+    assert capsys.readouterr().out.splitlines() == [f"report: {tmp_path / 'report.html'}", note]
     # the trials' table keeps every trial, its status and how far it got
     assert '<td class="ERROR">ERROR</td>' in page and '<td class="INTERRUPTED">INTERRUPTED</td>' in page
     assert "<th>R² (last report)</th>" in page and "<td>10 / 20</td>" in page
@@ -99,11 +102,11 @@ def test_report_shows_final_values_of_finished_trials_and_names_the_others(tmp_p
     }
     assert "final values of the trials that finished only (2 trial(s) did not finish" in sections["ensemble_bars"]
     for kind in ("r2_curves", "loss_vs_floor"):
-        assert "✕ marks where an errored or interrupted one stopped (2 trial(s) did not finish" in sections[kind]
+        assert "✕ marks where one stopped before its end (2 trial(s) did not finish" in sections[kind]
         assert '"legendgroup":"ended"' in sections[kind] and "did not finish: its last report" in sections[kind]
 
 
-def test_a_report_of_finished_trials_says_nothing_of_left_out_trials(tmp_path):
+def test_a_report_of_finished_trials_says_nothing_of_left_out_trials(tmp_path, capsys):
     import shutil
 
     from unfinished_runs import FINISHED, LEFT_OUT, unfinished_run
@@ -113,9 +116,44 @@ def test_a_report_of_finished_trials_says_nothing_of_left_out_trials(tmp_path):
     run_dir = unfinished_run(tmp_path / "run")
     for trial in LEFT_OUT:  # the two that did not finish, gone
         shutil.rmtree(run_dir / f"{TRIAL_PREFIX}{trial}")
-    page = Path(write_report(run_dir, tmp_path / "report.html")).read_text()
+    assert cli.main(["report", str(run_dir), "--out", str(tmp_path / "report.html")]) == 0
+    assert capsys.readouterr().out.splitlines() == [f"report: {tmp_path / 'report.html'}"]
+    page = (tmp_path / "report.html").read_text()
     assert "left out" not in page and "did not finish" not in page and "✕" not in page
     assert sum(len(v) for v in FINISHED.values()) == page.count('<td class="TERMINATED">TERMINATED</td>')
+
+
+def test_a_live_report_shows_running_trials_latest_values_beside_the_finished_means(tmp_path):
+    """While a run goes (a live driver holds its lock), `ablate report --watch` showed an empty grid-point table until
+    trials finished. Each point now shows its running trials' latest R², marked `running at step N`, beside the mean
+    of its finished seeds and never in it; a point none of whose trials finished has a row without a mean."""
+    from unfinished_runs import ERRORED, INTERRUPTED, unfinished_run
+
+    run_dir = unfinished_run(tmp_path / "run", ensemble_finished=False)  # aninfonce_2 and ensemble_1 at step 10
+    pages = []
+
+    def stop_watching(seconds: float) -> None:  # the reader's Ctrl-C, after the first refresh
+        pages.append((tmp_path / "live.html").read_text())
+        raise KeyboardInterrupt
+
+    with PidLock(run_dir / DRIVER_LOCK), pytest.raises(KeyboardInterrupt):  # the driver, alive
+        watch_report(run_dir, tmp_path / "live.html", every=5, log=lambda m: None, sleep=stop_watching)
+    (page,) = pages
+    start = page.index("grid points: final R²")
+    points = page[start : page.index("</details>", start)]
+    assert "each trial still running with its latest R², not in the mean" in points
+    assert "<th>still running: latest R² (not in the mean)</th>" in points
+    row = '<td>aninfonce</td><td class="num">2</td><td class="num">0.92</td><td>[0.7929, 1.0471]</td>'
+    assert row + f"<td>{0.2:.4f} (running at step 10)</td>" in points  # the mean of the 2 finished seeds only
+    assert (
+        f'<td>ensemble</td><td class="num">0</td><td></td><td></td><td>{0.49:.4f} (running at step 10)</td>' in points
+    )
+    assert '<td>infonce</td><td class="num">3</td><td class="num">0.49</td>' in points
+    (note,) = re.findall(r"<p class='warn' id='left-out'>([^<]*)</p>", page)
+    assert f"{INTERRUPTED} (still running at step 10)" in note and f"{ERRORED} (errored at step 20)" in note
+
+    page = Path(write_report(run_dir, tmp_path / "after.html")).read_text()  # the driver gone: nothing runs
+    assert "running at step" not in page and "not in the mean" not in page
 
 
 # ---------------------------------------------------------------------------------------- export, refusal, spec, watch
@@ -145,7 +183,7 @@ def test_watch_rewrites_until_every_trial_finished(bvd, tmp_path, monkeypatch):
     import ablate.reports.report as report
 
     states = iter([False, False, True])
-    monkeypatch.setattr(report, "run_finished", lambda run: next(states))
+    monkeypatch.setattr(report, "nothing_left_to_run", lambda run: next(states))
     out = tmp_path / "live.html"
     pages, sleeps = [], []
 
@@ -153,12 +191,32 @@ def test_watch_rewrites_until_every_trial_finished(bvd, tmp_path, monkeypatch):
         sleeps.append(s)
         pages.append(out.read_text())
 
-    path = watch_report(bvd.run_dir, out, every=7, log=lambda m: None, sleep=sleep)
+    with PidLock(Path(bvd.run_dir) / DRIVER_LOCK):  # a driver writes the run
+        path = watch_report(bvd.run_dir, out, every=7, log=lambda m: None, sleep=sleep)
     assert path == str(out) and sleeps == [7, 7]
     assert all('http-equiv="refresh" content="7"' in p for p in pages), "the page reloads itself while running"
     assert 'http-equiv="refresh"' not in out.read_text(), "the final page stops reloading"
     with pytest.raises(RunError, match="must be > 0"):
         watch_report(bvd.run_dir, out, every=0)
+
+
+def test_watching_an_interrupted_run_ends_once_no_driver_writes_it(tmp_path, capsys):
+    """`ablate report --watch` on a run no `ablate run` writes (interrupted: its trials would never change) used to
+    refresh forever. It ends after two refreshes without a live driver (the first may come before the driver took
+    the run), saying so and how many trials are left, exit 0; the page stops reloading."""
+    from unfinished_runs import unfinished_run
+
+    run_dir = unfinished_run(tmp_path / "run")
+    out = tmp_path / "live.html"
+    sleeps = []
+    lines = []
+    path = watch_report(run_dir, out, every=3, log=lines.append, sleep=sleeps.append)
+    assert path == str(out) and sleeps == [3], "two refreshes, one wait between them"
+    assert lines[-1].startswith(f"no `ablate run` is writing {run_dir} (1 trial(s) left to run)"), lines
+    assert lines[-1].endswith(f"{out}; resume the run to go on") and lines[-2].startswith("left out:"), lines
+    assert 'http-equiv="refresh"' not in out.read_text()
+    assert cli.main(["report", str(run_dir), "--watch", "1", "--out", str(out)]) == 0
+    assert "no `ablate run` is writing" in capsys.readouterr().out.splitlines()[-1]
 
 
 def test_cli_maps_a_bad_spec_to_exit_2(bvd, tmp_path, capsys):

@@ -11,13 +11,12 @@ from ablate.analysis.claims.evaluate import (
     run_wall_s,
     text_report,
 )
+from ablate.analysis.claims.linear_lambda import claim_linear_lambda, claim_linear_lambda_public_run
 from ablate.analysis.claims.main_text import (
     claim_anisotropy,
     claim_batch_vs_dim,
     claim_batch_vs_lambda,
     claim_bimodal,
-    claim_linear_lambda,
-    claim_linear_lambda_public_run,
 )
 from ablate.analysis.stats import fmt_ms, mean_sd, spearman
 

@@ -3,15 +3,18 @@
 A criterion the data cannot decide (a metric missing, a target never reached by any setting) is
 "not measured" (``passed is None``), never a pass.
 
-A claim reads only the trials that finished (:mod:`ablate.analysis.finished`): an errored, interrupted or running
-trial's last report is not a final value. Its criteria stay as they are; the trials left out are named in
-:attr:`ClaimResult.left_out` (set by :func:`ablate.analysis.claims.evaluate.evaluate_frame`), and a claim that
-lost the data it needs to them is not measured, as for any missing data.
+A claim reads only the trials that finished (:mod:`ablate.analysis.finished`): the last report of a trial that
+errored, was interrupted, is still running or was stopped early by a search's scheduler is not a final value. Its
+criteria stay as they are. Each claim declares the trials it reads (:func:`reads`: the variants and grid points it
+is decided on; every trial of the run by default); it is given only those, and the ones among them that did not
+finish are named in :attr:`ClaimResult.left_out` (set by :func:`ablate.analysis.claims.evaluate.evaluate_frame`).
+A claim that lost the data it needs to them is not measured, as for any missing data.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -21,7 +24,18 @@ from ablate.analysis.run import RunContext
 from ablate.analysis.stats import spearman
 from ablate.columns import r2_block_lambda
 
-__all__ = ["ITT_TARGETS", "Check", "ClaimResult"]
+__all__ = [
+    "ITT_TARGETS",
+    "Check",
+    "ClaimFn",
+    "ClaimResult",
+    "Scope",
+    "claim_scope",
+    "every_trial",
+    "reads",
+    "trials_of",
+    "variants",
+]
 
 #: Target R² values of the iterations-to-target checks (the batch_vs_dim dashboard's Fig. 9B targets).
 ITT_TARGETS = (0.5, 0.7, 0.8, 0.9)
@@ -54,7 +68,8 @@ class ClaimResult:
     run_dir: str = ""
     wall_s: float | None = None
     preset: str | None = None
-    #: trial id → why it did not finish (``errored at step 7``): the run's trials this claim was not decided on.
+    #: trial id → why it did not finish (``errored at step 7``), for each trial this claim reads (:func:`reads`)
+    #: that it was not decided on.
     left_out: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -78,6 +93,53 @@ class ClaimResult:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-friendly dict (with ``passed`` and ``status``)."""
         return {**asdict(self), "passed": self.passed, "status": self.status}
+
+
+#: A claim: the run's table and context in, its verdict out.
+ClaimFn = Callable[[pd.DataFrame, RunContext], ClaimResult]
+#: The rows of a run's table a claim reads: every report of each trial it is decided on.
+Scope = Callable[[pd.DataFrame, RunContext], pd.DataFrame]
+
+
+# --------------------------------------------------------------------------- which trials a claim reads
+def every_trial(df: pd.DataFrame, ctx: RunContext) -> pd.DataFrame:
+    """The scope of a claim decided on every trial of its run: the whole table."""
+    return df
+
+
+def trials_of(df: pd.DataFrame, trial_ids: Iterable[Any]) -> pd.DataFrame:
+    """Every row of the trials ``trial_ids`` (``attrs`` kept)."""
+    out = df[df["trial_id"].isin(set(trial_ids))] if "trial_id" in df.columns else df.iloc[0:0]
+    out.attrs.update(df.attrs)
+    return out
+
+
+def variants(*names: str) -> Scope:
+    """The scope of a claim decided on the trials of these variants (none in a table without a variant column,
+    where :func:`_variant` finds none either)."""
+
+    def scope(df: pd.DataFrame, ctx: RunContext) -> pd.DataFrame:
+        if "variant" not in df.columns:
+            return trials_of(df, [])
+        return trials_of(df, df.loc[df["variant"].isin(names), "trial_id"])
+
+    return scope
+
+
+def reads(scope: Scope) -> Callable[[ClaimFn], ClaimFn]:
+    """Declare the rows a claim reads (``scope``): :func:`ablate.analysis.claims.evaluate.evaluate_frame` gives it
+    only those and names the trials among them that did not finish. Without it, a claim reads every trial."""
+
+    def mark(fn: ClaimFn) -> ClaimFn:
+        fn.reads = scope  # type: ignore[attr-defined]
+        return fn
+
+    return mark
+
+
+def claim_scope(fn: ClaimFn) -> Scope:
+    """The rows ``fn`` reads (:func:`reads`), :func:`every_trial` when it declares none."""
+    return getattr(fn, "reads", every_trial)
 
 
 # --------------------------------------------------------------------------- helpers

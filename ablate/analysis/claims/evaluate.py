@@ -10,21 +10,20 @@ report's display labels; files are read only by :func:`evaluate_run` and :func:`
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 
 import pandas as pd
 
 from ablate.analysis.claims.appendix import claim_ensemble, claim_hard_negatives, claim_tricl, claim_zimmermann
-from ablate.analysis.claims.base import ClaimResult
+from ablate.analysis.claims.base import ClaimFn, ClaimResult, claim_scope
+from ablate.analysis.claims.linear_lambda import claim_linear_lambda, claim_linear_lambda_public_run
 from ablate.analysis.claims.main_text import (
     claim_anisotropy,
     claim_batch_vs_dim,
     claim_batch_vs_lambda,
     claim_bimodal,
-    claim_linear_lambda,
-    claim_linear_lambda_public_run,
 )
 from ablate.analysis.finished import left_out_line, unfinished_trials
 from ablate.analysis.run import RunContext, load_run
@@ -43,7 +42,6 @@ __all__ = [
 
 
 # --------------------------------------------------------------------------- registry and runs
-ClaimFn = Callable[[pd.DataFrame, RunContext], ClaimResult]
 #: grid name → the claims its runs decide. Grids absent here (concentration_dynamics, tune_*) decide none.
 CLAIMS: dict[str, list[ClaimFn]] = {
     "anisotropy": [claim_anisotropy],
@@ -63,16 +61,19 @@ LEFT_OUT_WHY = "a last report before the end is not a final value; the claim is 
 
 
 def evaluate_frame(df: pd.DataFrame, ctx: RunContext) -> list[ClaimResult]:
-    """Every claim registered for the table's grid (``df.attrs['grid']`` or ``ctx.grid``), on the trials that
-    finished: each result names the others in ``left_out`` (:func:`ablate.analysis.finished.unfinished_trials`),
-    and a check left without data says that they were left out."""
+    """Every claim registered for the table's grid (``df.attrs['grid']`` or ``ctx.grid``), each on the trials it
+    reads (:func:`ablate.analysis.claims.base.reads`) that finished: each result names the trials it reads that did
+    not finish in ``left_out`` (:func:`ablate.analysis.finished.unfinished_trials`), and a check left without data
+    says that they were left out. A trial the claim does not read is never named in it."""
     grid = str(df.attrs.get("grid") or ctx.grid)
-    left_out = unfinished_trials(df)
     out = []
     for fn in CLAIMS.get(grid, []):
-        res = fn(df, ctx)
+        part = claim_scope(fn)(df, ctx)
+        part.attrs.update(df.attrs)
+        res = fn(part, ctx)
+        left_out = unfinished_trials(part)
         res.grid, res.scale = grid, str(df.attrs.get("scale", ""))
-        res.left_out = dict(left_out)
+        res.left_out = left_out
         for check in res.checks if left_out else []:
             if check.passed is None:
                 check.value += f" ({len(left_out)} trial(s) that did not finish were left out)"

@@ -9,8 +9,8 @@ A panel kind is a spec model and a pair of functions registered in :data:`PANELS
 - ``draw(data, spec, ctx) -> go.Figure``: a Plotly figure of exactly that frame, nothing recomputed.
 - ``finals``: whether the kind shows final values. Those read only the trials that finished
   (:func:`ablate.analysis.finished.final_values`) and the report says which trials were left out; a curve over
-  steps draws every trial up to its last report and marks where one that stopped before its end (errored or
-  interrupted) made it (:func:`ended_marks`, a column ``ended``).
+  steps draws every trial up to its last report and marks where one that stopped before its end (errored,
+  interrupted, or stopped early by a search's scheduler) made it (:func:`ended_marks`, a column ``ended``).
 
 Every panel always yields a figure: with no data yet (a run that just started, or a metric the grid
 does not report) the figure says so instead of failing, so a report always holds one plot per panel.
@@ -240,9 +240,10 @@ ENDED_NAME = "✕ did not finish: its last report"
 
 
 def ended_marks(df: pd.DataFrame, metric: str, x: str) -> pd.DataFrame:
-    """Where each trial that stopped before its end (errored or interrupted: :func:`unfinished_trials`; a trial still
-    running is left to draw on) made its last report with a finite ``metric``: that row of the table, with
-    ``ended`` (``trial_id: errored at step 20``). Empty when every trial finished."""
+    """Where each trial that stopped before its end (errored, interrupted or stopped early by its scheduler:
+    :func:`unfinished_trials`; a trial still running is left to draw on) made its last report with a finite
+    ``metric``: that row of the table, with ``ended`` (``trial_id: errored at step 20``). Empty when every trial
+    finished."""
     if df.empty or metric not in df.columns or x not in df.columns:
         return df.iloc[0:0].assign(ended=pd.Series(dtype=object))
     stopped = unfinished_trials(df[df["status"].astype(str) != "RUNNING"] if "status" in df.columns else df)
