@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 
@@ -33,6 +34,31 @@ def refresh_auth_config() -> None:
         Config.initialize("")
     except (ImportError, AttributeError):
         pass
+
+
+def cluster_wants_token(address: str, timeout: float = 5.0) -> bool | None:
+    """Whether the Ray cluster whose GCS listens on ``address`` (``host:port``) checks auth tokens: True or False,
+    None where it cannot tell (a ``ray://`` or ``auto`` address, TLS, a GCS that does not answer in ``timeout``).
+
+    No public API tells a cluster's authentication mode before ``ray.init``, and the driver's must match it (see
+    ``_keep_token_auth`` in :mod:`ablate.service.execution.cluster`). So this asks the GCS for its cluster id
+    without a token, over plain gRPC: ``ray.rpc.NodeInfoGcsService/GetClusterId`` (the first call of every Ray
+    client, an empty request) answers a cluster without token authentication and is refused UNAUTHENTICATED by
+    one with it (checked on Ray 2.52 and 2.60)."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit() or "://" in address or os.environ.get("RAY_USE_TLS", "0") not in ("", "0"):
+        return None
+    try:
+        import grpc
+
+        with grpc.insecure_channel(address) as channel:
+            channel.unary_unary("/ray.rpc.NodeInfoGcsService/GetClusterId")(b"", timeout=timeout)
+        return False
+    except ImportError:
+        return None
+    except Exception as e:  # grpc.RpcError: refused for want of a token, or no answer
+        code = getattr(e, "code", None)
+        return True if callable(code) and code() == grpc.StatusCode.UNAUTHENTICATED else None
 
 
 def new_auth_token() -> str:

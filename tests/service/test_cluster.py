@@ -42,6 +42,41 @@ def test_run_joins_an_existing_cluster(ray_head, tmp_path):
     assert len(trials) == 4
 
 
+def test_joining_an_address_takes_the_clusters_token_auth(monkeypatch, tmp_path):
+    """The driver's authentication mode must be the cluster's: with a token against a cluster without token auth
+    (a plain `ray start --head` on Ray 2.52), Ray 2.52 cancelled every trial's actor before it started."""
+    import os
+
+    import ablate.service.execution.cluster as cluster
+
+    token = tmp_path / "auth_token"
+    token.write_text("x")
+    monkeypatch.setattr(cluster, "TOKEN_FILE", token)
+    monkeypatch.setattr(cluster.ray_compat, "refresh_auth_config", lambda: None)
+    # the cluster's answer decides; where it cannot tell, the token file here does
+    for answer, has_file, mode in (
+        (True, True, "token"),
+        (False, True, None),
+        (None, True, "token"),
+        (None, False, None),
+    ):
+        if not has_file:
+            token.unlink()
+        monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+        monkeypatch.setattr(cluster.ray_compat, "cluster_wants_token", lambda address, answer=answer: answer)
+        cluster._keep_token_auth("127.0.0.1:6379")
+        assert os.environ.get("RAY_AUTH_MODE") == mode, (answer, has_file)
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # set by the user: kept
+    monkeypatch.setattr(cluster.ray_compat, "cluster_wants_token", lambda address: True)
+    cluster._keep_token_auth("127.0.0.1:6379")
+    assert os.environ["RAY_AUTH_MODE"] == "disabled"
+    # no GCS to ask: cannot tell
+    from ablate.ray_compat.cluster import cluster_wants_token  # the real one: the package's is patched above
+
+    assert cluster_wants_token("ray://127.0.0.1:10001") is None and cluster_wants_token("auto") is None
+    assert cluster_wants_token(f"127.0.0.1:{free_port()}", timeout=2) is None
+
+
 def test_dashboard_host_defaults_to_loopback_without_warning():
     assert check_host(None, {}) == ("127.0.0.1", [])
     for host in ("127.0.0.1", "localhost", "::1", "127.0.1.1"):

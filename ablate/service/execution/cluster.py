@@ -177,8 +177,23 @@ def keep_token_private(create: bool = False, environ: dict[str, str] | None = No
 
 
 def _keep_token_auth(address: str) -> None:
-    """Ray turns token auth on by itself only for ``address=auto``; do the same for an explicit address."""
-    if address == "auto" or "RAY_AUTH_MODE" in os.environ or not TOKEN_FILE.is_file():
+    """Join an explicit address with token authentication exactly when the cluster has it on (``RAY_AUTH_MODE``,
+    where set, decides as it does for Ray).
+
+    The driver's mode must match the cluster's. Without a token against a cluster that checks them, ``ray.init``
+    is refused. With one against a cluster that does not (`ray start --head` before Ray 2.59, which turns token
+    auth on by itself only from then on and only where a token file exists; or a head with
+    ``RAY_AUTH_MODE=disabled``), ``ray.init`` succeeds but the cluster's GCS calls the driver without a token, takes
+    the refusal for the death of the actors' owner and cancels every trial's actor before it starts. Ray decides
+    by itself only for ``address=auto`` (from 2.59, by the token file), so for an explicit address ablate asks the
+    cluster; where that cannot tell (a ``ray://`` address, TLS), a token file here means token authentication.
+    """
+    if address == "auto" or "RAY_AUTH_MODE" in os.environ:
+        return
+    wants_token = ray_compat.cluster_wants_token(address)
+    if wants_token is None:
+        wants_token = TOKEN_FILE.is_file()
+    if not wants_token:
         return
     os.environ["RAY_AUTH_MODE"] = "token"
     ray_compat.refresh_auth_config()
