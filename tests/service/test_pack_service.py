@@ -123,21 +123,31 @@ def test_a_member_whose_loss_goes_non_finite_is_an_error_and_the_others_go_on():
 
 
 def test_a_pack_checkpoint_resumes_to_the_same_numbers(tmp_path):
+    """A pack stopped after its first report (its members' rows in their logs, written by the driver's ResultLog)
+    and built again continues from its own checkpoint to the numbers of a pack that never stopped."""
+    from types import SimpleNamespace
+
+    from ablate.service.execution.callbacks import ResultLog
+
     params = _pack_params()
     straight = PackTrainable(config=params)
     first = [straight.train() for _ in range(3)]
-    interrupted = PackTrainable(config=params)
-    interrupted.train()
-    interrupted.save_checkpoint(str(tmp_path))
-    resumed = PackTrainable(config=params)
-    resumed.load_checkpoint(str(tmp_path))
+    record = {"dir": str(tmp_path), "id": "pack-p", "keep": 2, "members": ["a", "b", "c"]}
+    recorded = {**params, "record": record}
+    log, trial = ResultLog(), SimpleNamespace(config=recorded)
+    log.on_trial_start(0, [], trial)
+    interrupted = PackTrainable(config=recorded)
+    log.on_trial_result(0, [], trial, interrupted.train())
+    interrupted.stop()
+    resumed = PackTrainable(config=recorded)
+    assert resumed.experiment.step == 20, "continues from the pack's checkpoint at its first report"
     later = [resumed.train() for _ in range(2)]
     for a, b in zip(first[1:], later):
         for ma, mb in zip(a["members"], b["members"]):
             assert {k: ma[k] for k in ("step", "r2", "loss", "mcc")} == {
                 k: mb[k] for k in ("step", "r2", "loss", "mcc")
             }
-    for t in (straight, interrupted, resumed):
+    for t in (straight, resumed):
         t.stop()
 
 
