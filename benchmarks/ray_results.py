@@ -9,7 +9,7 @@ cost per result shows most) is trained:
 
 A run's rate is read from its result log as the driver writes it: the steps between the first and the last time
 the log grew, over the time between them (each growth is one Ray result, so both ends are whole results). Printed:
-steps per second, the ratio to the limit, and Ray results per second. The rows of every run are the same numbers
+steps per second, the ratio to the limit, and reports per Ray result. The rows of every run are the same numbers
 (tests/service/test_trainable.py); only the time differs.
 """
 
@@ -54,8 +54,23 @@ def limit_rate(report_every: int, seconds: float) -> float:
     return (exp.step - start) / (time.perf_counter() - begun)
 
 
-def ray_rate(report_every: int, steps: int, every: float, storage: Path) -> tuple[float, float, int]:
-    """(steps per second, Ray results per second, rows) of one run through `ablate run`, from its log's growth."""
+def _last_step(log: Path) -> int | None:
+    """The step of the last whole row of a result log, read from its tail."""
+    with open(log, "rb") as f:
+        f.seek(0, 2)
+        f.seek(max(0, f.tell() - 16384))
+        lines = f.read().decode(errors="replace").splitlines()
+    for line in reversed(lines):
+        try:
+            return json.loads(line)["step"]
+        except (ValueError, KeyError):
+            continue
+    return None
+
+
+def ray_rate(report_every: int, steps: int, every: float, storage: Path) -> tuple[float, float]:
+    """(steps per second, reports per Ray result) of one run through `ablate run`: the rate from the log's growth
+    (each growth is one result), the reports per result from the rows' Ray iteration."""
     grid = storage / f"grid-{every:g}.yaml"
     grid.write_text(_GRID.format(base=json.dumps({**POINT, "report_every": report_every}), steps=steps))
     name = f"every-{every:g}"
@@ -63,20 +78,22 @@ def ray_rate(report_every: int, steps: int, every: float, storage: Path) -> tupl
            "--no-dashboard", "--verbose", "0", "--results-every", f"{every:g}"]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     growth: list[tuple[float, int]] = []  # (time, last step) each time the log grew
-    size = 0
+    size, log = 0, None
     while proc.poll() is None:
-        logs = list((storage / name).glob("trial_*/result.json"))
-        if logs and logs[0].stat().st_size != size:
-            size = logs[0].stat().st_size
-            rows = [json.loads(line) for line in logs[0].read_text().splitlines() if line.endswith("}")]
-            if rows:
-                growth.append((time.perf_counter(), rows[-1]["step"]))
-        time.sleep(0.005)
-    if proc.returncode != 0:
+        log = log or next(iter((storage / name).glob("trial_*/result.json")), None)
+        if log is not None and log.stat().st_size != size:
+            size = log.stat().st_size
+            step = _last_step(log)
+            if step is not None:
+                growth.append((time.perf_counter(), step))
+        time.sleep(0.002)
+    if proc.returncode != 0 or log is None:
         raise SystemExit(f"ablate run failed (exit {proc.returncode}): {proc.stderr.read()[-2000:]}")
     growth = growth[1:]  # from the first whole result after the trial's set-up
     (t0, s0), (t1, s1) = growth[0], growth[-1]
-    return (s1 - s0) / (t1 - t0), (len(growth) - 1) / (t1 - t0), s1 // report_every
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    results = len({r["iterations_since_restore"] for r in rows})
+    return (s1 - s0) / (t1 - t0), len(rows) / results
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -89,12 +106,12 @@ def main(argv: list[str] | None = None) -> int:
     steps = int(limit * args.seconds)
     print(f"# ray_results: report_every {args.report_every}, {steps} steps per run, torch {torch.__version__}")
     print(f"limit (in-process, one thread): {limit:.0f} steps/s")
-    print("| --results-every | steps/s | of the limit | Ray results/s |")
+    print("| --results-every | steps/s | of the limit | reports per Ray result |")
     print("|---:|---:|---:|---:|")
     with tempfile.TemporaryDirectory(prefix="ablate-ray-results-") as tmp:
         for every in args.every:
-            rate, results, _ = ray_rate(args.report_every, steps, every, Path(tmp))
-            print(f"| {every:g} s | {rate:.0f} | {rate / limit:.2f} | {results:.1f} |", flush=True)
+            rate, per_result = ray_rate(args.report_every, steps, every, Path(tmp))
+            print(f"| {every:g} s | {rate:.0f} | {rate / limit:.2f} | {per_result:.0f} |", flush=True)
     return 0
 
 
