@@ -239,6 +239,16 @@ class RunReader:
         """Names of files in the run directory starting with ``prefix``."""
         return self._entries(prefix, directories=False)
 
+    @staticmethod
+    def trial_name(trial_id: str) -> str:
+        """A trial's folder name: ``trial_<id>``."""
+        return f"{TRIAL_PREFIX}{trial_id}"
+
+    @staticmethod
+    def trial_id(name: str) -> str:
+        """A trial folder's id (its name without ``trial_``)."""
+        return name.removeprefix(TRIAL_PREFIX)
+
     def trial_dirs(self) -> list[str]:
         """Names of the trial folders whose settings agree with the run's record (never a pack's own folder):
         the marker's points that have a folder, or (a run without points in its marker) every trial folder."""

@@ -13,7 +13,7 @@ from typing import Any
 import pandas as pd
 
 from ablate.config import RunConfig
-from ablate.rundir import TRIAL_PREFIX, RunError, RunReader, atomic_write
+from ablate.rundir import RunError, RunReader, atomic_write
 from ablate.service.specs.grids import axis_text
 
 __all__ = ["LEAD_COLUMNS", "NothingToExport", "axis_value", "differing_settings", "export_results", "load_results"]
@@ -113,7 +113,7 @@ def load_results(run_dir: str | Path, grid: str | None = None) -> pd.DataFrame:
         axes += [k for k in differing_settings(effective.values()) if k not in axes]
     records: list[dict[str, Any]] = []
     for name, params in settings.items():
-        trial_id = name.removeprefix(TRIAL_PREFIX)
+        trial_id = reader.trial_id(name)
         rows = reader.results(name)
         unique = {row.get("training_iteration", 0): row for row in rows}  # a replayed report supersedes
         for it in sorted(unique):

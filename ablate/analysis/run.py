@@ -13,7 +13,7 @@ import pandas as pd
 
 from ablate.analysis.results import axis_value, load_results
 from ablate.config import ConfigError, RunConfig
-from ablate.rundir import TRIAL_PREFIX, RunReader
+from ablate.rundir import RunReader
 from ablate.service.specs.grid import DEFAULT_SCALE
 from ablate.service.specs.grids import Grid, GridError, grid_from_text, load_grid, natural_key
 from ablate.service.specs.params import config_from_params
@@ -86,7 +86,7 @@ def load_run(run_dir: str | Path, grid: str | None = None) -> Run:
     for name in reader.trial_dirs():
         p = reader.params(name)
         if p is not None:
-            params[name.removeprefix(TRIAL_PREFIX)] = p
+            params[reader.trial_id(name)] = p
     configs: dict[str, RunConfig] = {}
     for trial_id, p in params.items():
         try:

@@ -8,7 +8,7 @@ from typing import Any
 from ablate.config import ConfigError
 from ablate.pidlock import lock_holder
 from ablate.provenance import summary_line
-from ablate.rundir import DRIVER_LOCK, INTERRUPTED, TRIAL_PREFIX, RunReader, is_remote
+from ablate.rundir import DRIVER_LOCK, INTERRUPTED, RunReader, is_remote
 from ablate.service.records.plan import decide
 from ablate.service.specs.grids import axis_text, natural_key
 from ablate.service.specs.params import config_from_params, flat_params
@@ -95,7 +95,7 @@ def run_status(run_dir: str | Path, grid: str | None = None) -> dict[str, Any]:
         counts[_GROUPS.get(state["status"], "pending")] += 1
         if state["status"] == "ERROR":
             errors[trial_id] = state.get("error") or "failed (no error recorded)"
-        logged = reader.logged_rows(f"{TRIAL_PREFIX}{trial_id}")
+        logged = reader.logged_rows(reader.trial_name(trial_id))
         results = intact_rows(logged)
         intact = len(results)
         if intact < len(logged):
@@ -118,7 +118,7 @@ def run_status(run_dir: str | Path, grid: str | None = None) -> dict[str, Any]:
             }
         )
     for trial_id in reader.disagreeing():
-        results = reader.results(f"{TRIAL_PREFIX}{trial_id}")
+        results = reader.results(reader.trial_name(trial_id))
         recorded = states[trial_id]["params"] if trial_id in states else {}
         damaged[trial_id] = _edited_params_hint(next_run(recorded or {}, results), results)
     counts["pending"] += max(int(info.get("n_trials", len(rows))) - len(rows), 0)

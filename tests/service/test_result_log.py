@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from ablate.service.execution.callbacks import ResultLog
+from ablate.service.records.record import TrialRecord
 from ablate.trial_log import append_row, cut_log, finished, intact_rows, last_step, read_rows
 
 
@@ -48,8 +49,9 @@ def test_a_replayed_report_replaces_the_rows_from_its_step_and_numbers_and_times
         folder / "result.json", [{"step": 5 * i, "training_iteration": i, "time_total_s": 1.0 * i} for i in (1, 2, 3)]
     )
     log = ResultLog()  # a new driver: the trial continues from its checkpoint at step 10 and reports step 15 again
-    log._append(folder, {"step": 15, "r2": 0.7, "time_total_s": 0.5, "training_iteration": 1})
-    log._append(folder, {"step": 20, "r2": 0.8, "time_total_s": 1.5, "training_iteration": 2})
+    trial = TrialRecord(tmp_path, "x")
+    log._append(trial, {"step": 15, "r2": 0.7, "time_total_s": 0.5, "training_iteration": 1})
+    log._append(trial, {"step": 20, "r2": 0.8, "time_total_s": 1.5, "training_iteration": 2})
     rows = read_rows(folder / "result.json")
     assert [r["step"] for r in rows] == [5, 10, 15, 20]
     assert [r["training_iteration"] for r in rows] == [1, 2, 3, 4]

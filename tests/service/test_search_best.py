@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from ablate.service.execution.search import seconds_to_target
+from ablate.trial_log import read_rows
 
 
 def _trial(tmp_path, name, rows, torn=False):
@@ -27,7 +28,8 @@ def test_seconds_to_target_is_the_first_report_that_reaches_it(tmp_path):
     )
     fast = _trial(tmp_path, "b", [{"r2": 0.99, "time_total_s": 40, "step": 400}], torn=True)
     never = _trial(tmp_path, "c", [{"r2": 0.98, "time_total_s": 500, "step": 5000}])
-    assert seconds_to_target(slow, "r2", 0.99) == (90.0, 900)
-    assert seconds_to_target(fast, "r2", 0.99) == (40.0, 400)
-    assert seconds_to_target(never, "r2", 0.99) is None
-    assert seconds_to_target(tmp_path / "missing", "r2", 0.99) is None
+    log = lambda trial: read_rows(trial / "result.json")  # noqa: E731 - the rows save_best reads (torn line skipped)
+    assert seconds_to_target(log(slow), "r2", 0.99) == (90.0, 900)
+    assert seconds_to_target(log(fast), "r2", 0.99) == (40.0, 400)
+    assert seconds_to_target(log(never), "r2", 0.99) is None
+    assert seconds_to_target(log(tmp_path / "missing"), "r2", 0.99) is None

@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
-from pathlib import Path
 from typing import Any
 
 from ray.tune import Callback
 
-from ablate.rundir import PARAMS_FILE, RESULT_FILE, STOPPED_FILE, TRIAL_PREFIX, atomic_write
 from ablate.service.execution.results import split_reports
-from ablate.service.records.trial import ERROR_FILE, record_of
+from ablate.service.records.record import TrialRecord, own_record, trial_records
+from ablate.service.records.trial import record_of
 from ablate.service.specs.params import PACK_KEY, RECORD_KEY, config_from_params, flat_params, pack_members
-from ablate.trial_log import ERROR_KEY, append_row, finished, intact_rows, json_text, last_row, read_rows, seconds_of
+from ablate.trial_log import ERROR_KEY, finished, seconds_of
 
 __all__ = ["ResultLog"]
 
@@ -48,51 +45,44 @@ class ResultLog(Callback):
             self._write_report(trial, record, report)
 
     def _write_report(self, trial, record: dict[str, Any], result: dict[str, Any]) -> None:
-        root = Path(record["dir"])
         if isinstance(result.get("members"), list):  # a pack: one row per member that reported
             shared = {k: v for k, v in result.items() if k not in _PACK_RESULT_KEYS}
             members = pack_members(trial.config)
-            for mid, params, row in zip(record["members"], members, result["members"]):
+            for member, params, row in zip(trial_records(record), members, result["members"]):
                 if row is not None:  # None: finished (or failed) in an earlier report
-                    config = _settings(params)
-                    self._append(
-                        root / f"{TRIAL_PREFIX}{mid}", {**shared, **row, "pack": record["id"], "config": config}
-                    )
+                    self._append(member, {**shared, **row, "pack": record["id"], "config": _settings(params)})
             return
-        self._append(root / f"{TRIAL_PREFIX}{record['id']}", {**result, "config": _settings(flat_params(trial.config))})
+        self._append(own_record(record), {**result, "config": _settings(flat_params(trial.config))})
 
-    def _append(self, folder: Path, row: dict[str, Any]) -> None:
-        path, key, step = folder / RESULT_FILE, str(folder), row.get("step")
+    def _append(self, trial: TrialRecord, row: dict[str, Any]) -> None:
+        key, step = str(trial.folder), row.get("step")
         known = self._known.get(key)
         if known is None or not isinstance(step, int) or step <= known[1]:  # first report here, or a replay
-            rows = intact_rows(read_rows(path))
+            rows = trial.rows()
             if isinstance(step, int) and rows and rows[-1]["step"] >= step:  # reported again from a checkpoint
                 rows = [r for r in rows if r["step"] < step]
-                text = "".join(json_text(r) + "\n" for r in rows)
-                atomic_write(path, lambda p: p.write_text(text))
+                trial.rewrite(rows)
             # the trial (re)started in this driver: its clock starts at 0, after the time its log holds already
             self._offset[key] = seconds_of(rows)
             known = (len(rows), rows[-1]["step"] if rows else -1)
-        row = {**row, "trial_id": folder.name.removeprefix(TRIAL_PREFIX), "training_iteration": known[0] + 1}
+        row = {**row, "trial_id": trial.id, "training_iteration": known[0] + 1}
         if isinstance(row.get("time_total_s"), int | float):
             row["time_total_s"] = row["time_total_s"] + self._offset[key]
-        append_row(path, row)
+        trial.append(row)
         self._known[key] = (known[0] + 1, step if isinstance(step, int) else known[1])
         if row.get(ERROR_KEY):
-            _write_error(folder, str(row[ERROR_KEY]), 1)
+            trial.write_error(str(row[ERROR_KEY]), 1)
             why = "recorded; not retried, its seed fails the same way"
             _log.warning("trial %s failed (%s): %s", row["trial_id"], why, row[ERROR_KEY])
 
     def on_trial_start(self, iteration, trials, trial, **info):
-        for folder in _folders(trial):
-            folder.mkdir(parents=True, exist_ok=True)
-            if not (last_row(folder / RESULT_FILE) or {}).get(ERROR_KEY):  # a failed pack member's error stays
-                (folder / ERROR_FILE).unlink(missing_ok=True)
-            (folder / STOPPED_FILE).unlink(missing_ok=True)
-            if not (folder / PARAMS_FILE).exists():  # a search's trial (a grid's points were written by the plan)
-                params = {k: v for k, v in flat_params(trial.config).items() if k != RECORD_KEY}
-                text = json.dumps(params, indent=2, sort_keys=True, default=str)
-                atomic_write(folder / PARAMS_FILE, lambda p, t=text: p.write_text(t))
+        for record in _records(trial):
+            record.make()
+            if not (record.last_row() or {}).get(ERROR_KEY):  # a failed pack member's error stays
+                record.clear_error()
+            record.clear_stopped()
+            if not record.has_params():  # a search's trial (a grid's points were written by the plan)
+                record.write_params({k: v for k, v in flat_params(trial.config).items() if k != RECORD_KEY})
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         """A trial the scheduler stopped before its stop settings (ASHA in a search): say so beside its log, so
@@ -100,11 +90,10 @@ class ResultLog(Callback):
         if pack_members(trial.config):
             return
         config = config_from_params(flat_params(trial.config))
-        for folder in _folders(trial):
-            rows = intact_rows(read_rows(folder / RESULT_FILE))
+        for record in _records(trial):
+            rows = record.rows()
             if rows and not finished(rows, config.max_steps, config.target_r2) and not rows[-1].get(ERROR_KEY):
-                text = json.dumps({"by": "the scheduler", "step": rows[-1]["step"]}, indent=1)
-                atomic_write(folder / STOPPED_FILE, lambda p, t=text: p.write_text(t))
+                record.write_stopped("the scheduler", rows[-1]["step"])
 
     def on_trial_error(self, iteration, trials, trial, **info):
         """A trial that failed for good in this driver: its error beside its log (a resume runs it again)."""
@@ -114,16 +103,8 @@ class ResultLog(Callback):
             trace = ""
         lines = [line.strip() for line in str(trace).splitlines() if line.strip()]
         failures = getattr(trial, "num_failures", 1)  # Tune's count: the first failure and each retry's
-        for folder in _folders(trial):
-            _write_error(folder, lines[-1] if lines else "the trial failed", max(int(failures or 1), 1))
-
-
-def _write_error(folder: Path, error: str, failures: int) -> None:
-    """A trial's error beside its log (``error.json``: its last line and how often it failed in this driver)."""
-    text = json.dumps({"error": error[-2000:], "failures": failures}, indent=1)
-    if folder.is_dir():
-        with contextlib.suppress(OSError):  # a full disk: the run's outcome still names the error
-            atomic_write(folder / ERROR_FILE, lambda p: p.write_text(text))
+        for record in _records(trial):
+            record.write_error(lines[-1] if lines else "the trial failed", max(int(failures or 1), 1))
 
 
 def _settings(params: dict[str, Any]) -> dict[str, Any]:
@@ -131,13 +112,10 @@ def _settings(params: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in params.items() if k != RECORD_KEY}
 
 
-def _folders(trial) -> list[Path]:
-    """The trial folders a Ray trial writes: its own, or each member's of a pack."""
+def _records(trial) -> list[TrialRecord]:
+    """The trial records a Ray trial writes: its own, or each member's of a pack (none outside a run)."""
     record = record_of(trial.config)
-    if record is None:
-        return []
-    ids = record.get("members") or [record["id"]]
-    return [Path(record["dir"], f"{TRIAL_PREFIX}{i}") for i in ids]
+    return [] if record is None else trial_records(record)
 
 
 #: A pack trial's own result keys that are not a member's: the member rows and the pack-wide means.

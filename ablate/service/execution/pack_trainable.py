@@ -15,18 +15,16 @@ weight once (``ablate.core.pack.member_state`` derives a member's solo state fro
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Any
 
 from ablate.config import RunConfig
 from ablate.core.experiment import Experiment, NonFiniteLossError
 from ablate.core.pack import PackedExperiment
 from ablate.core.pack_fields import can_pack
-from ablate.rundir import RESULT_FILE, TRIAL_PREFIX
 from ablate.service.execution.trainable import SPARE_CORES_FOR_PREFETCH, AblateTrainable
+from ablate.service.records.record import trial_records
 from ablate.service.records.trial import pack_covered
 from ablate.service.specs.params import PACK_KEY, RECORD_KEY, config_from_params, flat_params, pack_members
-from ablate.trial_log import last_step, read_rows
 
 __all__ = ["PackRun", "PackTrainable"]
 
@@ -131,17 +129,12 @@ class PackTrainable(AblateTrainable):
         self._continue_from_record()
 
     def _covered(self):
-        record = self.params[RECORD_KEY]
-        logs = [Path(record["dir"], f"{TRIAL_PREFIX}{m}", RESULT_FILE) for m in record["members"]]
-        return pack_covered([read_rows(log) for log in logs])
+        return pack_covered([member.raw_rows() for member in trial_records(self.params[RECORD_KEY])])
 
     def _logged_step(self) -> int | None:
         """The least step up to which the logs of the members still training hold their reports."""
-        record = self.params[RECORD_KEY]
-        pack = self.experiment.pack
-        steps = [
-            last_step(Path(record["dir"], f"{TRIAL_PREFIX}{record['members'][i]}", RESULT_FILE)) for i in pack.active
-        ]
+        members = trial_records(self.params[RECORD_KEY])
+        steps = [members[i].last_step() for i in self.experiment.pack.active]
         return None if not steps or None in steps else min(s for s in steps if s is not None)
 
     def _continue_from_record(self) -> None:

@@ -11,16 +11,15 @@ log writes them (:class:`ablate.service.execution.callbacks.ResultLog`).
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from ray.tune.schedulers import ASHAScheduler
 
-from ablate.rundir import PARAMS_FILE, RESULT_FILE, TRIAL_PREFIX
+from ablate.service.records.record import RunRecord, TrialRecord, own_record
 from ablate.service.records.trial import record_of
-from ablate.trial_log import ERROR_KEY, intact_rows, read_rows, seconds_of
+from ablate.trial_log import ERROR_KEY, seconds_of
 
 __all__ = ["RecordASHA"]
 
@@ -37,7 +36,7 @@ class RecordASHA(ASHAScheduler):
 
     def __init__(self, run_dir: str | Path, grid: str, **asha: Any):
         super().__init__(**asha)
-        self._run_dir = Path(run_dir)
+        self._run = RunRecord(run_dir)
         self._holders: Counter[str] = Counter()  # record id -> Tune trials training it now
         self._shift: dict[str, tuple[int, float, int]] = {}  # Tune trial id -> (rows, seconds, last step) before
         self._grid, self._rebuilt = grid, None
@@ -51,11 +50,11 @@ class RecordASHA(ASHAScheduler):
 
     def _replay(self) -> int:
         n = 0
-        for folder in sorted(self._run_dir.glob(f"{TRIAL_PREFIX}*")):
-            rows = intact_rows(read_rows(folder / RESULT_FILE))
-            if not rows or _grid_of(folder) not in (self._grid, None):
+        for trial in self._run.trials():
+            rows = trial.rows()
+            if not rows or _grid_of(trial) not in (self._grid, None):
                 continue
-            record = _Record(folder.name.removeprefix(TRIAL_PREFIX))
+            record = _Record(trial.id)
             super().on_trial_add(None, record)
             for row in rows:
                 if not row.get(ERROR_KEY):  # a loss that went non-finite is no rung result
@@ -116,8 +115,7 @@ class RecordASHA(ASHAScheduler):
             record = record_of(trial.config)
             rows = []
             if record is not None and isinstance(step, int):
-                path = Path(record["dir"], f"{TRIAL_PREFIX}{record['id']}", RESULT_FILE)
-                rows = [r for r in intact_rows(read_rows(path)) if r["step"] < step]
+                rows = [r for r in own_record(record).rows() if r["step"] < step]
             known = (len(rows), seconds_of(rows), -1)
         self._shift[trial.trial_id] = (known[0], known[1], step if isinstance(step, int) else known[2])
         shifted = dict(result)
@@ -128,10 +126,7 @@ class RecordASHA(ASHAScheduler):
         return shifted
 
 
-def _grid_of(folder: Path) -> str | None:
-    """The grid a trial folder's params.json names (None: unreadable or unnamed)."""
-    try:
-        grid = json.loads((folder / PARAMS_FILE).read_text()).get("grid")
-    except (OSError, ValueError, AttributeError):
-        return None
+def _grid_of(trial: TrialRecord) -> str | None:
+    """The grid a trial's params.json names (None: unreadable or unnamed)."""
+    grid = (trial.read_params() or {}).get("grid")
     return grid if isinstance(grid, str) else None

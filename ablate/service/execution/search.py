@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
 
-from ablate.rundir import BEST_CONFIG_FILE, OPTUNA_DB, RESULT_FILE, TRIAL_PREFIX, optuna_storage_url
+from ablate.rundir import OPTUNA_DB, optuna_storage_url
+from ablate.service.records.record import RunRecord, folder_name
 from ablate.service.records.trial import record_of
 from ablate.service.specs.grids import Grid, n_reports
 from ablate.trial_log import ERROR_KEY
@@ -26,7 +26,7 @@ __all__ = [
 def trial_dirname(trial) -> str:
     """A trial's folder name in the run directory: ``trial_<record id>`` (:func:`ablate.service.records.trial.record_of`)."""
     record = record_of(trial.config)
-    return f"{TRIAL_PREFIX}{record['id'] if record is not None else trial.trial_id}"
+    return folder_name(record["id"] if record is not None else trial.trial_id)
 
 
 def _study(grid: Grid, run_dir: str):
@@ -50,7 +50,7 @@ def check_study(run_dir: str) -> None:
 
     if Path(run_dir, OPTUNA_DB).is_file():
         return
-    trials = [p for p in Path(run_dir).glob(f"{TRIAL_PREFIX}*") if p.is_dir()]
+    trials = list(RunRecord(run_dir).trials())
     if trials:
         raise RunError(
             f"{run_dir}: {OPTUNA_DB} is missing but {len(trials)} trial folder(s) of the search are here: the study "
@@ -218,16 +218,10 @@ def tune_config(
     )
 
 
-def seconds_to_target(trial_dir: str | Path, metric: str, target: float) -> tuple[float, int] | None:
-    """(time_total_s, step) of a trial's first report with ``metric ≥ target``, from its result.json; None if never."""
-    path = Path(trial_dir) / RESULT_FILE
-    if not path.is_file():
-        return None
-    for line in path.read_text().splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a torn last line
+def seconds_to_target(rows: list[dict[str, Any]], metric: str, target: float) -> tuple[float, int] | None:
+    """(time_total_s, step) of the first of a trial's reports (its log's rows) with ``metric ≥ target``; None if
+    never."""
+    for row in rows:
         value = row.get(metric)
         if isinstance(value, int | float) and value >= target:
             return float(row.get("time_total_s", float("nan"))), int(row.get("step", 0))
@@ -262,7 +256,7 @@ def save_best(grid: Grid, run_dir: str) -> dict[str, Any] | None:
     if target is not None and opt.metric == "r2":
         reached = []
         for name, params, _rows in trials:
-            hit = seconds_to_target(Path(run_dir, name), "r2", float(target))
+            hit = seconds_to_target(_rows, "r2", float(target))
             if hit is not None:
                 reached.append((hit[0], hit[1], name, params, _rows))
         if reached:
@@ -284,10 +278,10 @@ def save_best(grid: Grid, run_dir: str) -> dict[str, Any] | None:
         "value": last.get(opt.metric),
         "config": {k: v for k, v in params.items() if k in opt.space},
         "steps": last.get("step"),
-        "trial_id": name.removeprefix(TRIAL_PREFIX),
+        "trial_id": reader.trial_id(name),
         "ranked_by": ranked_by,
     }
     if seconds is not None:
         info.update({"seconds_to_target": seconds, "steps_to_target": step})
-    (Path(run_dir) / BEST_CONFIG_FILE).write_text(json.dumps(info, indent=1, default=str))
+    RunRecord(run_dir).write_best(info)
     return info

@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 import math
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -24,14 +23,14 @@ from ray import tune
 
 from ablate import ray_compat
 from ablate.core.experiment import Experiment, NonFiniteLossError
-from ablate.pidlock import LockHeld, PidLock
-from ablate.rundir import RESULT_FILE, TRIAL_PREFIX
+from ablate.pidlock import LockHeld
 from ablate.service.execution.results import RAY_KEYS, REPORTS_KEY
 from ablate.service.execution.spare_cores import SpareCoreMeter
 from ablate.service.records.checkpoint_writer import CheckpointWriter
-from ablate.service.records.trial import CHECKPOINT_FILE, record_of, resume_point, solo_covered
+from ablate.service.records.record import TrialRecord, own_record
+from ablate.service.records.trial import CHECKPOINT_FILE, record_of, solo_covered
 from ablate.service.specs.params import PACK_KEY, config_from_params, flat_params
-from ablate.trial_log import ERROR_KEY, ended, intact_rows, last_step, read_rows
+from ablate.trial_log import ERROR_KEY, ended
 
 __all__ = ["AblateTrainable", "CHECKPOINT_FILE"]
 
@@ -39,8 +38,6 @@ _log = logging.getLogger("ablate.service.execution.trainable")
 
 #: Idle cores (beyond the trial's own) that switch its batch prefetch thread on for the next report period.
 SPARE_CORES_FOR_PREFETCH = 0.5
-#: The lock a trial holds on its folder while it trains (ablate.pidlock).
-TRIAL_LOCK = ".trial.lock"
 
 
 class AblateTrainable(tune.Trainable):
@@ -98,7 +95,7 @@ class AblateTrainable(tune.Trainable):
 
     def _results_every(self) -> float:
         """Seconds between the trial's results to Ray (its record's ``results_every``; 0 outside a run)."""
-        return float(self._record.get("results_every", 0.0)) if self._record_dir() is not None else 0.0
+        return float(self._record.get("results_every", 0.0)) if self._own() is not None else 0.0
 
     def _report(self) -> dict[str, Any]:
         """Train one report period and evaluate: the report (``done`` at the trial's stop; its error, done, when
@@ -123,21 +120,21 @@ class AblateTrainable(tune.Trainable):
         """The trial's last report after its loss went non-finite: the step, the error, done. A search's metric is
         in it as NaN (Ray Tune wants it in every report; the search counts the trial as failed, not by it)."""
         row: dict[str, Any] = {"step": self.experiment.step, ERROR_KEY: f"{type(exc).__name__}: {exc}", "done": True}
-        metric = (self._record or {}).get("metric") if self._record_dir() is not None else None
+        metric = (self._record or {}).get("metric") if self._own() is not None else None
         if isinstance(metric, str):
             row[metric] = float("nan")
         return row
 
     # ------------------------------------------------------------------ the trial's own record
-    def _record_dir(self) -> Path | None:
-        """The trial's folder in the run directory (``params["record"]``; None when used outside a run); worked out
-        once per build (a search trial's id hashes its settings), not at every report."""
+    def _own(self) -> TrialRecord | None:
+        """The trial's own record in the run directory (``params["record"]``: a point's folder, or a pack's; None
+        when used outside a run); worked out once per build (a search trial's id hashes its settings)."""
         if getattr(self, "_record_for", None) is not self.params:
             record = record_of(self.params)
             self._record = record
             self._record_for = self.params
-            self._record_folder = Path(record["dir"], f"{TRIAL_PREFIX}{record['id']}") if record is not None else None
-        return self._record_folder
+            self._own_record = own_record(record) if record is not None else None
+        return self._own_record
 
     def _continue_from_record(self) -> None:
         """Continue from the trial's newest checkpoint that loads and that its result log covers (the driver cut
@@ -146,23 +143,23 @@ class AblateTrainable(tune.Trainable):
         The trial holds its folder's lock while it trains: a search that suggests a setting a trial of the run is
         training right now (the same folder) waits for it, then continues it (or reports its end)."""
         self._finished_row = None
-        folder = self._record_dir()
-        if folder is None:
+        own = self._own()
+        if own is None:
             return
-        self._lock_record(folder)
-        rows = intact_rows(read_rows(folder / RESULT_FILE))
+        self._lock_record(own)
+        rows = own.rows()
         if ended(rows, self.run_config.max_steps, self.run_config.target_r2) and PACK_KEY not in self.params:
             self._finished_row = {k: v for k, v in rows[-1].items() if k not in RAY_KEYS}
             return
-        state = resume_point(folder, self._covered(), self.experiment.device)
+        state = own.resume_point(self._covered(), self.experiment.device)
         if state is not None:
             self.experiment.load_state_dict(state)
             _log.info("trial %s: continues from step %d", self.trial_name, state["step"])
 
-    def _lock_record(self, folder: Path) -> None:
+    def _lock_record(self, own: TrialRecord) -> None:
         self._release_record()
-        folder.mkdir(parents=True, exist_ok=True)
-        lock = PidLock(folder / TRIAL_LOCK)
+        own.make()
+        lock = own.lock()
         while True:
             try:
                 self._record_lock = lock.acquire()
@@ -190,17 +187,17 @@ class AblateTrainable(tune.Trainable):
         self._release_record()
 
     def _covered(self):
-        folder = self._record_dir()
-        assert folder is not None
-        return solo_covered(read_rows(folder / RESULT_FILE))
+        own = self._own()
+        assert own is not None
+        return solo_covered(own.raw_rows())
 
     def _save_to_record(self, final: bool = False) -> None:
         """The checkpoint after a report, in the trial's own folder, written by a thread while the next steps train
         (:mod:`ablate.service.records.checkpoint_writer`; a checkpoint counts once its report is in the log and its
         file is whole); the ``final`` report's is on disk before the report goes to Ray. With ``--checkpoint-every
         S``, only at the first report S seconds after the last checkpoint (and the final one, and at a stop)."""
-        folder = self._record_dir()
-        if folder is None:
+        own = self._own()
+        if own is None:
             return
         every = float(self._record.get("every", 0.0))
         now = time.monotonic()
@@ -209,21 +206,21 @@ class AblateTrainable(tune.Trainable):
             return
         self._checkpoint_at, self._unsaved = now, False
         writer = getattr(self, "_writer", None)
-        if writer is None or writer.trial_dir != folder:  # one per record (_release_record finishes it)
+        if writer is None or writer.trial_dir != own.folder:  # one per record (_release_record finishes it)
             if writer is not None:
                 writer.wait()
-            self._writer = writer = CheckpointWriter(folder, int(self._record.get("keep", 2)))
+            self._writer = writer = CheckpointWriter(own.folder, int(self._record.get("keep", 2)))
         writer.submit(self.experiment.state_dict(), self._logged_step(), wait=final)
 
     def _logged_step(self) -> int | None:
         """The step up to which the trial's log holds its reports (a pack: its members' least)."""
-        folder = self._record_dir()
-        return None if folder is None else last_step(folder / RESULT_FILE)
+        own = self._own()
+        return None if own is None else own.last_step()
 
     def _flush_checkpoint(self) -> None:
         """At a stop or before the actor takes another trial: the last report's checkpoint, if the interval skipped
         it (the state is still that report's: nothing trains between a report and a stop)."""
-        if getattr(self, "_unsaved", False) and self._record_dir() is not None:
+        if getattr(self, "_unsaved", False) and self._own() is not None:
             try:
                 self._save_to_record(final=True)
             except Exception as exc:  # noqa: BLE001 - the trial is ending; its record keeps the checkpoint before

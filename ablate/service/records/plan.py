@@ -14,30 +14,26 @@ are packed anew. Nothing Ray wrote is read.
 from __future__ import annotations
 
 import copy
-import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ablate.config import RunConfig
-from ablate.files import atomic_write
-from ablate.rundir import PACK_FILE, PARAMS_FILE, RESULT_FILE, TRIAL_PREFIX, RunError
+from ablate.rundir import TRIAL_PREFIX, RunError
+from ablate.service.records.record import RunRecord, TrialRecord
 from ablate.service.records.trial import (
-    ERROR_FILE,
-    drop_checkpoints_after,
     key_of,
     member_steps,
     pack_covered,
     pack_id,
     record_id,
-    resume_point,
     solo_covered,
 )
 from ablate.service.specs.costs import costliest_first
 from ablate.service.specs.grids import Grid
 from ablate.service.specs.params import RECORD_KEY, config_from_params
-from ablate.trial_log import cut_log, ended, intact_rows, read_rows
+from ablate.trial_log import ended
 
 __all__ = ["Plan", "Point", "RECORD_KEY", "apply_plan", "decide", "decide_run", "grid_points", "plan_run"]
 
@@ -107,15 +103,13 @@ def grid_points(grid: Grid) -> list[Point]:
 def _existing(run_dir: Path) -> dict[str, str]:
     """key → trial id of the trial folders already in the run (a point keeps the folder it was first given)."""
     out = {}
-    for folder in run_dir.glob(f"{TRIAL_PREFIX}*") if run_dir.is_dir() else []:
-        tid = folder.name.removeprefix(TRIAL_PREFIX)
-        if folder.is_dir() and not tid.startswith("pack-"):
-            out.setdefault(key_of(tid), tid)
+    for trial in RunRecord(run_dir).points():
+        out.setdefault(key_of(trial.id), trial.id)
     return out
 
 
 def _rows(run_dir: Path, trial_id: str) -> list[dict[str, Any]]:
-    return intact_rows(read_rows(run_dir / f"{TRIAL_PREFIX}{trial_id}" / RESULT_FILE))
+    return TrialRecord(run_dir, trial_id).rows()
 
 
 def decide(config: RunConfig, rows: list[dict[str, Any]]) -> str:
@@ -128,11 +122,9 @@ def decide(config: RunConfig, rows: list[dict[str, Any]]) -> str:
 
 
 def _write_params(run_dir: Path, point: Point) -> None:
-    folder = run_dir / f"{TRIAL_PREFIX}{point.trial_id}"
-    folder.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(point.params, indent=2, sort_keys=True)
-    atomic_write(folder / PARAMS_FILE, lambda p: p.write_text(text))
-    (folder / ERROR_FILE).unlink(missing_ok=True)
+    trial = TrialRecord(run_dir, point.trial_id)
+    trial.write_params(point.params)
+    trial.clear_error()
 
 
 def _unit(point: Point, record: dict[str, Any]) -> dict[str, Any]:
@@ -227,27 +219,22 @@ def apply_plan(plan: Plan, run_dir: str | Path) -> Plan:
     for p in plan.params:
         _write_params(run_dir, p)
     for pid, members in plan.new_packs.items():
-        folder = run_dir / f"{TRIAL_PREFIX}{pid}"
-        folder.mkdir(parents=True, exist_ok=True)
-        text = json.dumps({"members": members}, indent=2)
-        atomic_write(folder / PACK_FILE, lambda f, t=text: f.write_text(t))
+        TrialRecord(run_dir, pid).write_pack(members)
     for tid, step in plan.cuts.items():
-        log = run_dir / f"{TRIAL_PREFIX}{tid}" / RESULT_FILE
-        rows = read_rows(log)
-        kept = cut_log(log, lambda r, s=step: r["step"] <= s)
-        if len(kept) < len(rows) and tid in plan.drops:  # a solo trial's (a pack says nothing per member)
+        before, kept = TrialRecord(run_dir, tid).cut(step)
+        if kept < before and tid in plan.drops:  # a solo trial's (a pack says nothing per member)
             _log.warning("%s: continues from step %d; its reports after it (%d) are run again", tid, step,
-                         len(rows) - len(kept))  # fmt: skip
-    for folder, step in plan.drops.items():
-        drop_checkpoints_after(run_dir / f"{TRIAL_PREFIX}{folder}", step)
+                         before - kept)  # fmt: skip
+    for tid, step in plan.drops.items():
+        TrialRecord(run_dir, tid).drop_checkpoints_after(step)
     return plan
 
 
 def _continue_solo(plan: Plan, run_dir: Path, point: Point) -> None:
     """Where a trial continues from: its newest checkpoint that loads and that its log covers (step 0 without
     one); its log is cut back to it and the checkpoints past it dropped (:func:`apply_plan`)."""
-    folder = run_dir / f"{TRIAL_PREFIX}{point.trial_id}"
-    state = resume_point(folder, solo_covered(read_rows(folder / RESULT_FILE)))
+    trial = TrialRecord(run_dir, point.trial_id)
+    state = trial.resume_point(solo_covered(trial.raw_rows()))
     plan.cuts[point.trial_id] = state["step"] if state is not None else 0
     plan.drops[point.trial_id] = state["step"] if state is not None else None
 
@@ -255,13 +242,10 @@ def _continue_solo(plan: Plan, run_dir: Path, point: Point) -> None:
 def _recorded_packs(run_dir: Path) -> dict[str, list[str]]:
     """pack id → its members' trial ids, from the pack folders already in the run."""
     out = {}
-    for folder in sorted(run_dir.glob(f"{TRIAL_PREFIX}pack-*")) if run_dir.is_dir() else []:
-        try:
-            members = json.loads((folder / PACK_FILE).read_text())["members"]
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-        if isinstance(members, list) and all(isinstance(m, str) for m in members):
-            out[folder.name.removeprefix(TRIAL_PREFIX)] = members
+    for pack in RunRecord(run_dir).packs():
+        members = pack.read_pack()
+        if members is not None:
+            out[pack.id] = members
     return out
 
 
@@ -297,18 +281,20 @@ def _plan_packs(plan: Plan, todo: list[Point], run_dir: Path, size: int, record:
 
 def _recorded_point(run_dir: Path, trial_id: str) -> Point | None:
     """A pack member that is not a point of this grid, from its params.json."""
+    params = TrialRecord(run_dir, trial_id).read_params()
+    if params is None:
+        return None
     try:
-        params = json.loads((run_dir / f"{TRIAL_PREFIX}{trial_id}" / PARAMS_FILE).read_text())
         return Point(trial_id, params, config_from_params(params, trial_id), trial_id)
-    except (OSError, ValueError):
+    except ValueError:
         return None
 
 
 def _continue_pack(plan: Plan, run_dir: Path, pid: str, points: list[Point]) -> None:
     """Where a pack continues from: its newest checkpoint its members' logs cover; each member's log is cut back to
     its step in it and the pack's checkpoints past it dropped (:func:`apply_plan`)."""
-    logs = [run_dir / f"{TRIAL_PREFIX}{p.trial_id}" / RESULT_FILE for p in points]
-    state = resume_point(run_dir / f"{TRIAL_PREFIX}{pid}", pack_covered([read_rows(log) for log in logs]))
+    logs = [TrialRecord(run_dir, p.trial_id).raw_rows() for p in points]
+    state = TrialRecord(run_dir, pid).resume_point(pack_covered(logs))
     steps = member_steps(state) if state is not None else [0] * len(points)
     for p, step in zip(points, steps):
         plan.cuts[p.trial_id] = step
