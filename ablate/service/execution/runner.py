@@ -18,6 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from ablate import __version__, ray_compat
+from ablate.service.execution.cluster import init_ray
+from ablate.service.execution.options import RunOptions
+from ablate.service.execution.preflight import CheckedRun, prepare_run
+from ablate.service.execution.probes import grid_plugins, probe_acceptance, probe_plugins
+from ablate.service.execution.search import check_study, save_best, tune_config
+from ablate.service.records.driver_lock import one_driver
+from ablate.service.records.outcome import RunOutcome, StorageFull, collect_outcome, full_disk, storage_full_message
+from ablate.service.records.plan import Plan, check_trial_folders, plan_run
 from ablate.provenance import record_provenance
 from ablate.rundir import (
     DRIVER_LOCK,
@@ -34,14 +42,6 @@ from ablate.rundir import (
     sweep_stale_temps,
     write_marker,
 )
-from ablate.service.execution.cluster import init_ray
-from ablate.service.execution.options import RunOptions
-from ablate.service.execution.preflight import CheckedRun, prepare_run
-from ablate.service.execution.probes import grid_plugins, probe_acceptance, probe_plugins
-from ablate.service.execution.search import check_study, save_best, tune_config
-from ablate.service.records.driver_lock import one_driver
-from ablate.service.records.outcome import RunOutcome, StorageFull, collect_outcome, full_disk, storage_full_message
-from ablate.service.records.plan import Plan, check_trial_folders, plan_run
 from ablate.service.specs.grids import Grid
 from ablate.service.specs.params import RECORD_KEY
 
@@ -204,29 +204,37 @@ def run_grid(
 def _run_locked(
     grid: Grid, opts: RunOptions, *, pack: int, num_cpus: int | None, on_start, on_plan, trainable
 ) -> RunOutcome:
-    """Run a checked grid (:class:`CheckedRun`'s parts) holding the run directory's driver lock."""
-    storage, name, address, resume = opts.storage, opts.name, opts.address, opts.resume
-    cpus_per_trial, gpus_per_trial, max_concurrent = (
-        opts.cpus_per_trial,
-        opts.gpus_per_trial or 0.0,
-        opts.max_concurrent,
+    """Run a checked grid (:class:`CheckedRun`'s parts) holding the run directory's driver lock: open the record,
+    plan the run into it, let Ray Tune train what the plan left, and read the outcome back from the record."""
+    run_dir = resolve_run_dir(opts.storage, opts.name or default_run_name(grid))
+    exists, pack = _open_record(grid, opts, run_dir, pack)
+    plan = _plan_into(grid, opts, run_dir, pack, exists)
+    if on_plan is not None and plan is not None:
+        on_plan(plan)
+    started = time.time()
+    if plan is not None and not plan.units:  # every point finished already: nothing for Ray to do
+        return collect_outcome(grid, run_dir, plan, stop_signal=0, pack=pack, wall_s=0.0, errors={})
+    results, stop_signal = _fit(grid, opts, run_dir, plan, pack, num_cpus, trainable, on_start)
+    errors = {_record_id(r.config): r.error for r in results if r.error is not None}
+    outcome = collect_outcome(
+        grid, run_dir, plan, stop_signal=stop_signal, pack=pack, wall_s=time.time() - started, errors=errors
     )
-    keep_checkpoints, max_failures, tensorboard, dashboard = (
-        opts.keep_checkpoints,
-        opts.max_failures,
-        opts.tensorboard,
-        opts.dashboard,
-    )
-    verbose = opts.verbose
-    run_name = name or default_run_name(grid)
-    run_dir = resolve_run_dir(storage, run_name)
+    if grid.search == "optuna":
+        outcome.best_config = save_best(grid, run_dir)
+    return outcome
+
+
+def _open_record(grid: Grid, opts: RunOptions, run_dir: str, pack: int) -> tuple[bool, int]:
+    """Check that ``run_dir`` may take this run (local and writable; a run of the same kind, or a new folder;
+    ``--resume`` only where a run is) and tidy what a killed driver left. Returns (whether the run existed, the
+    pack size: the one the run was made with, where it exists)."""
     if is_remote(run_dir):
         raise RunError(
-            f"--storage {storage}: ablate keeps its run record (result logs, checkpoints) as files that the driver "
-            "and every trial read and write; use a local folder, or one shared by every node (NFS, a SLURM "
+            f"--storage {opts.storage}: ablate keeps its run record (result logs, checkpoints) as files that the "
+            "driver and every trial read and write; use a local folder, or one shared by every node (NFS, a SLURM "
             "cluster's shared storage)"
         )
-    check_writable(storage)
+    check_writable(opts.storage)
     exists = Path(run_dir, RUN_MARKER).is_file()
     foreign = Path(run_dir).is_dir() and any(p.name != DRIVER_LOCK for p in Path(run_dir).iterdir())
     if not exists and foreign:
@@ -234,7 +242,7 @@ def _run_locked(
             f"{run_dir}: not an ablate run directory (no {RUN_MARKER}); ablate writes only into runs it made: "
             "choose another --name or --storage"
         )
-    if resume and not exists:
+    if opts.resume and not exists:
         raise RunError(f"--resume: nothing to resume at {run_dir} (no such run)")
     if exists:
         before = read_marker(run_dir)
@@ -255,18 +263,32 @@ def _run_locked(
         if grid.search == "optuna":
             check_study(run_dir)
     remove_file(f"{run_dir}/{INTERRUPTED_FILE}")  # a driver runs the trials again
-    every = opts.checkpoint_every
+    return exists, pack
+
+
+def _plan_into(grid: Grid, opts: RunOptions, run_dir: str, pack: int, exists: bool) -> Plan | None:
+    """A grid's plan, written into the run (None for a search: Optuna suggests its trials as it goes), then the
+    marker and this start's provenance."""
     plan = None
     if grid.search == "grid":  # a search's trials send every report: its scheduler and searcher judge each
-        plan = plan_run(grid, run_dir, pack=pack, keep=keep_checkpoints, every=every, results_every=opts.results_every)
+        plan = plan_run(
+            grid,
+            run_dir,
+            pack=pack,
+            keep=opts.keep_checkpoints,
+            every=opts.checkpoint_every,
+            results_every=opts.results_every,
+        )
     write_marker(run_dir, _marker(grid, run_dir, plan, pack))
     record_provenance(run_dir, "resume" if exists else "start", plugins=grid_plugins(grid))
-    if on_plan is not None and plan is not None:
-        on_plan(plan)
-    started = time.time()
-    if plan is not None and not plan.units:  # every point finished already: nothing for Ray to do
-        return collect_outcome(grid, run_dir, plan, stop_signal=0, pack=pack, wall_s=0.0, errors={})
+    return plan
 
+
+def _fit(
+    grid: Grid, opts: RunOptions, run_dir: str, plan: Plan | None, pack: int, num_cpus, trainable, on_start
+) -> tuple[Any, int]:
+    """Start (or join) Ray and let Tune train the plan's units or the search's trials; (Tune's results, the
+    signal that stopped the run or 0)."""
     ray_compat.set_tune_environment(num_cpus)
     from ray import tune
 
@@ -274,7 +296,7 @@ def _run_locked(
         from ablate.service.execution.pack_trainable import PackTrainable as trainable
     elif trainable is None:
         from ablate.service.execution.trainable import AblateTrainable as trainable
-    ray_info = init_ray(address, num_cpus=num_cpus, dashboard=dashboard)
+    ray_info = init_ray(opts.address, num_cpus=num_cpus, dashboard=opts.dashboard)
     ray_compat.reclaim_sigterm()  # Ray's crash handler took SIGTERM: Python's handler (the CLI's) again
     if on_start is not None:
         on_start(run_dir, ray_info["dashboard_url"])
@@ -282,21 +304,22 @@ def _run_locked(
     # Ray Tune's own files (its experiment snapshots, each trial's error.txt/error.pkl) go to a folder of the
     # driver's, never into the run directory: nothing Ray writes is part of the record, and a full run directory
     # cannot tear a file Ray reads back. No Ray checkpoints and no synced artifacts: no worker writes there.
+    run_name = opts.name or default_run_name(grid)
     ray_storage = tempfile.mkdtemp(prefix=f"ablate-tune-{run_name}-")
     tuner = tune.Tuner(
-        tune.with_resources(trainable, {"cpu": cpus_per_trial, "gpu": gpus_per_trial}),
-        param_space=_param_space(grid, plan, run_dir, keep_checkpoints, every),
+        tune.with_resources(trainable, {"cpu": opts.cpus_per_trial, "gpu": opts.gpus_per_trial or 0.0}),
+        param_space=_param_space(grid, plan, run_dir, opts.keep_checkpoints, opts.checkpoint_every),
         tune_config=tune_config(
-            grid, max_concurrent, run_dir, n_samples=_samples_left(grid, run_dir), units=_units(grid, plan)
+            grid, opts.max_concurrent, run_dir, n_samples=_samples_left(grid, run_dir), units=_units(grid, plan)
         ),
         run_config=tune.RunConfig(
             name=run_name,
             storage_path=ray_storage,
             checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=0, checkpoint_at_end=False),
-            failure_config=tune.FailureConfig(max_failures=max_failures),
-            callbacks=_callbacks(tensorboard),
+            failure_config=tune.FailureConfig(max_failures=opts.max_failures),
+            callbacks=_callbacks(opts.tensorboard),
             progress_reporter=_reporter(grid),
-            verbose=verbose,
+            verbose=opts.verbose,
         ),
     )
     try:
@@ -312,20 +335,11 @@ def _run_locked(
             raise
         raise StorageFull(storage_full_message(full, run_dir)) from exc
     finally:
-        if tensorboard:
+        if opts.tensorboard:
             _log.warning("TensorBoard's event files: %s", ray_storage)
         else:
             shutil.rmtree(ray_storage, ignore_errors=True)
-    errors = {}
-    for result in results:
-        if result.error is not None:
-            errors[_record_id(result.config)] = result.error
-    outcome = collect_outcome(
-        grid, run_dir, plan, stop_signal=interrupted(), pack=pack, wall_s=time.time() - started, errors=errors
-    )
-    if grid.search == "optuna":
-        outcome.best_config = save_best(grid, run_dir)
-    return outcome
+    return results, interrupted()
 
 
 def _param_space(grid: Grid, plan: Plan | None, run_dir: str, keep: int, every: float = 0.0) -> dict[str, Any]:
