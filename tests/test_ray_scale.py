@@ -5,7 +5,7 @@ import itertools
 import pytest
 from conftest import runs_root, smoke_run
 
-from ablate.rundir import RunError
+from ablate.service.records.rundir import RunError
 from benchmarks.ray_scale import bench_bookkeeping, list_makespan, longest_first_makespan, run_overhead
 
 

@@ -18,8 +18,8 @@ from pathlib import Path
 
 from ablate.columns import r2_block_column
 from ablate.config import RunConfig
-from ablate.rundir import PARAMS_FILE, RESULT_FILE, STOPPED_FILE, TRIAL_PREFIX, write_marker
-from ablate.trial_log import ERROR_KEY
+from ablate.service.records.rundir import PARAMS_FILE, RESULT_FILE, STOPPED_FILE, TRIAL_PREFIX, write_marker
+from ablate.service.records.trial_log import ERROR_KEY
 
 MAX_STEPS = 20
 FINISHED = {
@@ -57,7 +57,7 @@ def _trial(root: Path, trial_id: str, rows: list[dict]) -> None:
 
 
 def _stopped_by_the_scheduler(folder: Path, step: int) -> None:
-    """What ablate writes beside the log of a trial its scheduler (ASHA) stopped early (ablate.rundir.STOPPED_FILE)."""
+    """What ablate writes beside the log of a trial its scheduler (ASHA) stopped early (ablate.service.records.rundir.STOPPED_FILE)."""
     (folder / STOPPED_FILE).write_text(json.dumps({"by": "the scheduler", "step": step}))
 
 

@@ -33,7 +33,7 @@ from scipy import stats
 
 from ablate.analysis.finished import finished_only, unfinished_trials
 from ablate.analysis.run import final_rows
-from ablate.rundir import RunError
+from ablate.service.records.rundir import RunError
 from ablate.service.specs.grids import natural_key
 
 __all__ = [

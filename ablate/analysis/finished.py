@@ -1,8 +1,8 @@
 """Which trials finished, and why each other one did not: the one rule compare, the claims and the report share.
 
 A trial's last report is its final value only when the trial finished: it ran to its stop settings (``max_steps``
-or ``target_r2``), so its status (:func:`ablate.trial_log.trial_status`) is TERMINATED and its scheduler did not stop
-it early. A trial that errored (its loss went non-finite, its last row holding :data:`ablate.trial_log.ERROR_KEY`, or
+or ``target_r2``), so its status (:func:`ablate.service.records.trial_log.trial_status`) is TERMINATED and its scheduler did not stop
+it early. A trial that errored (its loss went non-finite, its last row holding :data:`ablate.service.records.trial_log.ERROR_KEY`, or
 Ray gave up on it), was interrupted, is still running, or that a search's scheduler (ASHA) stopped before its stop
 settings (TERMINATED, column ``stopped_early``; ``ablate status`` counts it as finished, a search's normal outcome)
 ended at another step, so its last report is not comparable with a finished trial's final value. Every final value

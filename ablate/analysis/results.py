@@ -13,7 +13,7 @@ from typing import Any
 import pandas as pd
 
 from ablate.config import RunConfig
-from ablate.rundir import RunError, RunReader, atomic_write
+from ablate.service.records.rundir import RunError, RunReader, atomic_write
 from ablate.service.specs.grids import axis_text
 
 __all__ = ["LEAD_COLUMNS", "NothingToExport", "axis_value", "differing_settings", "export_results", "load_results"]
@@ -152,7 +152,7 @@ def export_results(run_dir: str | Path, out: str | Path, grid: str | None = None
     """Write the results table to ``out`` (.csv or .parquet); list-valued cells become JSON text in CSV.
 
     A local file is written atomically (nothing half-written or temporary is left behind); one that cannot be
-    written raises :class:`ablate.rundir.WriteError` naming ``out``. A run no trial of which has reported yet
+    written raises :class:`ablate.service.records.rundir.WriteError` naming ``out``. A run no trial of which has reported yet
     raises :class:`NothingToExport` and writes nothing (an existing ``out`` stays as it was)."""
     out = Path(out)
     if out.suffix not in (".csv", ".parquet"):

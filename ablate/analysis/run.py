@@ -13,7 +13,7 @@ import pandas as pd
 
 from ablate.analysis.results import axis_value, load_results
 from ablate.config import ConfigError, RunConfig
-from ablate.rundir import RunReader
+from ablate.service.records.rundir import RunReader
 from ablate.service.specs.grid import DEFAULT_SCALE
 from ablate.service.specs.grids import Grid, GridError, grid_from_text, load_grid, natural_key
 from ablate.service.specs.params import config_from_params
@@ -54,7 +54,9 @@ class Run:
     params: dict[str, dict[str, Any]]
     statuses: dict[str, str]
     ctx: RunContext
-    provenance: list[dict[str, Any]] = field(default_factory=list)  # what produced the run (ablate.provenance)
+    provenance: list[dict[str, Any]] = field(
+        default_factory=list
+    )  # what produced the run (ablate.service.records.provenance)
     left_out: list[str] = field(default_factory=list)  # trials whose params.json disagrees with the run's record
 
     @property

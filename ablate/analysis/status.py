@@ -6,13 +6,13 @@ from pathlib import Path
 from typing import Any
 
 from ablate.config import ConfigError
-from ablate.pidlock import lock_holder
-from ablate.provenance import summary_line
-from ablate.rundir import DRIVER_LOCK, INTERRUPTED, RunReader, is_remote
+from ablate.service.records.pidlock import lock_holder
 from ablate.service.records.plan import decide
+from ablate.service.records.provenance import summary_line
+from ablate.service.records.rundir import DRIVER_LOCK, INTERRUPTED, RunReader, is_remote
+from ablate.service.records.trial_log import ERROR_KEY, intact_rows
 from ablate.service.specs.grids import axis_text, natural_key
 from ablate.service.specs.params import config_from_params, flat_params
-from ablate.trial_log import ERROR_KEY, intact_rows
 
 __all__ = ["last_run", "next_run", "run_status", "varying_keys"]
 
@@ -145,7 +145,7 @@ def last_run(marker: dict[str, Any]) -> str | None:
 
 
 def _provenance_line(reader: RunReader) -> str | None:
-    """What produced the run (:func:`ablate.provenance.summary_line` of its newest record) and how often it was
+    """What produced the run (:func:`ablate.service.records.provenance.summary_line` of its newest record) and how often it was
     resumed; None for runs made before provenance was recorded."""
     records = reader.provenance()
     if not records:

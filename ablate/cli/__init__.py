@@ -186,7 +186,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     from ablate.analysis.results import NothingToExport, export_results
-    from ablate.rundir import is_remote
+    from ablate.service.records.rundir import is_remote
 
     run_dir = args.run_dir
     name = f"results-{args.grid}.csv" if args.grid else "results.csv"
@@ -352,7 +352,7 @@ def _stdout_to_devnull() -> None:
 
 def _main(argv: list[str] | None) -> int:
     from ablate.core.dgp import LowAcceptanceError
-    from ablate.rundir import RunError, WriteError
+    from ablate.service.records.rundir import RunError, WriteError
     from ablate.service.specs.grids import GridError
     from ablate.service.specs.presets import PresetError
 

@@ -22,9 +22,9 @@ from ablate.analysis.compare import point_table
 from ablate.analysis.finished import left_out_line, unfinished_trials
 from ablate.analysis.run import Run, generator_table, nothing_left_to_run, trial_table
 from ablate.analysis.status import last_run
-from ablate.provenance import summary_line
 from ablate.reports.panels import PANELS, PanelResult
 from ablate.reports.spec import Dashboard
+from ablate.service.records.provenance import summary_line
 
 __all__ = ["LEFT_OUT_WHY", "left_out_note", "render_html"]
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import pandas as pd
 
-from ablate.rundir import OPTUNA_DB, is_remote, optuna_storage_url
+from ablate.service.records.rundir import OPTUNA_DB, is_remote, optuna_storage_url
 
 __all__ = ["OptunaView", "load_study", "optuna_views"]
 

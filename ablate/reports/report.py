@@ -26,7 +26,7 @@ from ablate.reports.spec import (
     known_dashboards,
     load_dashboard,
 )
-from ablate.rundir import REPORT_FILE, RunError, RunReader, write_text
+from ablate.service.records.rundir import REPORT_FILE, RunError, RunReader, write_text
 
 __all__ = [
     "DASHBOARD_DIR",

@@ -27,7 +27,7 @@ from ablate.analysis.compare import (
 )
 from ablate.analysis.run import RunContext
 from ablate.reports.panels import panel_data, panel_figure, panel_spec
-from ablate.rundir import PARAMS_FILE, RESULT_FILE, TRIAL_PREFIX, write_marker
+from ablate.service.records.rundir import PARAMS_FILE, RESULT_FILE, TRIAL_PREFIX, write_marker
 
 
 def table(cells: dict[tuple, list[float]], axes: list[str], steps: tuple[int, ...] = (100,)) -> pd.DataFrame:
@@ -297,7 +297,7 @@ def test_compare_leaves_out_trials_that_did_not_finish_and_says_which(tmp_path, 
     """issue 36: compare pooled an errored trial's last step with the finished trials' without a word. At ``final``
     a trial that errored (Ray gave up on it, or its loss went non-finite) or was interrupted is left out, named in
     one line with why, and counted; at a step every trial that reported there is compared."""
-    from ablate.rundir import ERROR_FILE
+    from ablate.service.records.rundir import ERROR_FILE
 
     run = _run_dir(tmp_path, {"infonce": [0.48, 0.52, 0.47, 0.5], "aninfonce": [0.91, 0.93, 0.95]})
 

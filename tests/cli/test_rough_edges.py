@@ -22,8 +22,8 @@ import pytest
 
 from ablate import cli
 from ablate.config import QUOTE_LIMIT, ConfigError, parse_assignments, quote
-from ablate.rundir import PARAMS_FILE, RESULT_FILE, TRIAL_PREFIX, write_marker
 from ablate.safe_yaml import ALIAS_LIMIT
+from ablate.service.records.rundir import PARAMS_FILE, RESULT_FILE, TRIAL_PREFIX, write_marker
 from ablate.service.specs.grids import GridError, load_grid
 
 CLI = [sys.executable, "-m", "ablate.cli"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from ablate.rundir import OPTUNA_DB, optuna_storage_url
+from ablate.service.records.rundir import OPTUNA_DB, optuna_storage_url
 
 VIEWS = ["optimization_history", "param_importances", "parallel_coordinate"]
 

@@ -17,7 +17,6 @@ from test_panels import COLUMNS
 
 from ablate import cli
 from ablate.analysis.results import load_results
-from ablate.pidlock import PidLock
 from ablate.reports.report import (
     build_panels,
     load_dashboard,
@@ -26,7 +25,8 @@ from ablate.reports.report import (
     watch_report,
     write_report,
 )
-from ablate.rundir import DRIVER_LOCK, RUN_MARKER, RunError
+from ablate.service.records.pidlock import PidLock
+from ablate.service.records.rundir import DRIVER_LOCK, RUN_MARKER, RunError
 from ablate.service.specs.grids import known_grids, load_grid
 
 
@@ -111,7 +111,7 @@ def test_a_report_of_finished_trials_says_nothing_of_left_out_trials(tmp_path, c
 
     from unfinished_runs import FINISHED, LEFT_OUT, unfinished_run
 
-    from ablate.rundir import TRIAL_PREFIX
+    from ablate.service.records.rundir import TRIAL_PREFIX
 
     run_dir = unfinished_run(tmp_path / "run")
     for trial in LEFT_OUT:  # the two that did not finish, gone

@@ -74,7 +74,7 @@ def test_a_run_name_is_one_folder_inside_the_storage(tmp_path, name, ablate_cli)
 
 
 def test_resolve_run_dir_refuses_names_that_leave_the_storage(tmp_path):
-    from ablate.rundir import RunError, resolve_run_dir
+    from ablate.service.records.rundir import RunError, resolve_run_dir
 
     assert resolve_run_dir(str(tmp_path), "try-1") == str(tmp_path.resolve() / "try-1")
     for name in ("../x", "/abs", ".", "", "a\\b", "s3://b/x"):
@@ -199,7 +199,7 @@ def test_another_set_or_grid_file_makes_new_points_beside_the_run_s_own(run_dir,
 
 
 def test_the_marker_records_every_point_as_its_params_json(run_dir):
-    from ablate.rundir import RunReader
+    from ablate.service.records.rundir import RunReader
 
     reader = RunReader(run_dir)
     points = reader.points()

@@ -15,8 +15,8 @@ import pytest
 
 from ablate.service.execution.runner import run_grid
 from ablate.service.records.trial import CHECKPOINT_FILE
+from ablate.service.records.trial_log import intact_rows
 from ablate.service.specs.grids import load_grid
-from ablate.trial_log import intact_rows
 from tests.service.faulty import faulty
 
 REPORT_EVERY, MAX_STEPS = 5, 40  # 8 reports

@@ -7,8 +7,8 @@ import pytest
 from conftest import free_port, run_logged, smoke_cmd, start_ray_node
 
 from ablate import cli
-from ablate.rundir import RunError
 from ablate.service.execution.cluster import DashboardHandle, auth_lines, check_host, is_loopback
+from ablate.service.records.rundir import RunError
 
 
 @pytest.fixture()

@@ -321,7 +321,7 @@ def test_two_grids_in_one_run_are_read_one_grid_at_a_time(tmp_path, capsys):
     one ``--grid`` names, with that grid's axes."""
     from ablate import cli
     from ablate.analysis.status import run_status
-    from ablate.rundir import RunError
+    from ablate.service.records.rundir import RunError
 
     first = run_grid(load_grid("batch_vs_dim", "smoke"), storage=str(tmp_path), name="both", verbose=0)
     second = run_grid(load_grid("zimmermann_sphere", "smoke"), storage=str(tmp_path), name="both", verbose=0)

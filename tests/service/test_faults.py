@@ -81,7 +81,7 @@ def test_a_deterministic_nan_is_one_failure_recorded_not_retried(ray_session, tm
     import pandas as pd
 
     from ablate import cli
-    from ablate.rundir import ERROR_FILE
+    from ablate.service.records.rundir import ERROR_FILE
 
     grid = _one_trial_grid()
     grid.variants = [
@@ -185,7 +185,7 @@ def test_nonfinite_trial_under_optuna_is_recorded_as_failed(ray_session, tmp_pat
     assert outcome.best_config is None
     import optuna
 
-    from ablate.rundir import optuna_storage_url
+    from ablate.service.records.rundir import optuna_storage_url
 
     study = optuna.load_study(study_name="diverging", storage=optuna_storage_url(str(outcome.run_dir)))
     states = [t.state for t in study.get_trials(deepcopy=False)]

@@ -21,9 +21,9 @@ from ablate.analysis.claims.evaluate import evaluate_run
 from ablate.analysis.results import load_results
 from ablate.core.pack_fields import pack_groups
 from ablate.service.execution.pack_trainable import PackTrainable
+from ablate.service.records.trial_log import read_rows
 from ablate.service.specs.grids import known_grids, load_grid
 from ablate.service.specs.params import PACK_KEY
-from ablate.trial_log import read_rows
 
 #: Columns that differ between two runs of the same numbers: ids, timing, host, and where the batch was drawn.
 _RUN_SPECIFIC = {"trial_id", "pack", "time_total_s", "prefetch"}

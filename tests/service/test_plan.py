@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from ablate.rundir import PARAMS_FILE, RESULT_FILE, TRIAL_PREFIX, RunError
 from ablate.service.records.plan import grid_points, plan_run
+from ablate.service.records.rundir import PARAMS_FILE, RESULT_FILE, TRIAL_PREFIX, RunError
 from ablate.service.specs.grids import load_grid
 
 
@@ -119,8 +119,8 @@ def test_a_search_trial_killed_while_its_settings_were_drawn_is_closed_not_evalu
     Tune to evaluate its partial settings again failed the resume ("Dim of point ... and parameter_names")."""
     import optuna
 
-    from ablate.rundir import optuna_storage_url
     from ablate.service.execution.search import finished_samples, unfinished_points
+    from ablate.service.records.rundir import optuna_storage_url
 
     grid = load_grid("tune_aninfonce", "smoke")
     study = optuna.create_study(study_name=grid.name, storage=optuna_storage_url(str(tmp_path)), direction="maximize")

@@ -15,8 +15,8 @@ import torch
 from conftest import run_logged, smoke_cmd
 
 import ablate
-from ablate.provenance import collect, distributions, record_provenance, science_changes, summary_line
-from ablate.rundir import ENVIRONMENT_FILE, PROVENANCE_FILE, RunReader
+from ablate.service.records.provenance import collect, distributions, record_provenance, science_changes, summary_line
+from ablate.service.records.rundir import ENVIRONMENT_FILE, PROVENANCE_FILE, RunReader
 
 ROOT = Path(ablate.__file__).resolve().parent.parent
 
@@ -50,7 +50,7 @@ def test_a_resume_on_another_torch_warns_naming_old_and_new(tmp_path, caplog):
     assert [r["event"] for r in first] == ["start"] and (tmp_path / ENVIRONMENT_FILE).read_text().strip()
     lines = (tmp_path / PROVENANCE_FILE).read_text().splitlines()
     (tmp_path / PROVENANCE_FILE).write_text(json.dumps({**json.loads(lines[0]), "torch": "1.0.0"}) + "\n")
-    with caplog.at_level(logging.WARNING, logger="ablate.provenance"):
+    with caplog.at_level(logging.WARNING, logger="ablate.service.records.provenance"):
         changes = record_provenance(str(tmp_path), "resume")
     assert changes == [f"torch: 1.0.0 -> {first[0]['torch']}"]
     assert "torch: 1.0.0 -> " in caplog.text
@@ -71,9 +71,9 @@ def test_a_run_records_its_provenance_and_status_and_report_show_it(tmp_path):
 
 def test_gpus_are_read_in_one_place_for_provenance_and_the_memory_check(tmp_path, monkeypatch):
     """A stand-in nvidia-smi (a real executable on PATH) answers as on an H200: provenance records the card, and the
-    memory check sees its memory, both from ablate.provenance.query_gpus."""
-    from ablate.provenance import _gpus, query_gpus
+    memory check sees its memory, both from ablate.service.records.provenance.query_gpus."""
     from ablate.service.execution.memory import local_machine
+    from ablate.service.records.provenance import _gpus, query_gpus
 
     smi = tmp_path / "nvidia-smi"
     smi.write_text("#!/bin/sh\necho 'NVIDIA H200, 143771, 580.159.04'\necho 'NVIDIA H200, 143771, 580.159.04'\n")

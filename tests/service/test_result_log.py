@@ -6,7 +6,7 @@ import json
 
 from ablate.service.execution.callbacks import ResultLog
 from ablate.service.records.record import TrialRecord
-from ablate.trial_log import append_row, cut_log, finished, intact_rows, last_step, read_rows
+from ablate.service.records.trial_log import append_row, cut_log, finished, intact_rows, last_step, read_rows
 
 
 def _write(path, rows, torn: str = "") -> None:
@@ -61,8 +61,8 @@ def test_a_replayed_report_replaces_the_rows_from_its_step_and_numbers_and_times
 
 def _hand_made_run(run_dir, steps: int = 10) -> list[str]:
     """A finished smoke run of batch_vs_dim written by hand: its marker, and per point params.json and a log."""
-    from ablate.rundir import PARAMS_FILE, RESULT_FILE, TRIAL_PREFIX, write_marker
     from ablate.service.records.plan import grid_points
+    from ablate.service.records.rundir import PARAMS_FILE, RESULT_FILE, TRIAL_PREFIX, write_marker
     from ablate.service.specs.grids import load_grid
 
     grid = load_grid("batch_vs_dim", "smoke")
@@ -87,7 +87,7 @@ def test_a_line_appended_twice_is_left_out_by_every_command_and_the_hint_says_wh
     reports again (it reuses the finished trial)."""
     from ablate.analysis.results import load_results
     from ablate.analysis.status import run_status
-    from ablate.rundir import RESULT_FILE, TRIAL_PREFIX
+    from ablate.service.records.rundir import RESULT_FILE, TRIAL_PREFIX
 
     run_dir = tmp_path / "run"
     ids = _hand_made_run(run_dir)
@@ -110,8 +110,8 @@ def test_a_science_set_beside_the_old_points_is_a_column_and_a_level_compare_kee
     pairs latent dims within one lr (it counted 4 vs 4 seeds, mixing both learning rates)."""
     from ablate.analysis.compare import compare
     from ablate.analysis.results import load_results
-    from ablate.rundir import PARAMS_FILE, RESULT_FILE, TRIAL_PREFIX, write_marker
     from ablate.service.records.plan import grid_points
+    from ablate.service.records.rundir import PARAMS_FILE, RESULT_FILE, TRIAL_PREFIX, write_marker
     from ablate.service.specs.grids import load_grid
 
     points = []

@@ -9,9 +9,9 @@ import pytest
 from ray.tune.experiment import Trial
 from ray.tune.schedulers import ASHAScheduler, TrialScheduler
 
-from ablate.rundir import PARAMS_FILE, RESULT_FILE, TRIAL_PREFIX
 from ablate.service.execution.rungs import RecordASHA
-from ablate.trial_log import append_row
+from ablate.service.records.rundir import PARAMS_FILE, RESULT_FILE, TRIAL_PREFIX
+from ablate.service.records.trial_log import append_row
 
 pytestmark = pytest.mark.ray  # Ray's scheduler API: run again on the lowest supported Ray (make test-ray-low)
 

@@ -72,7 +72,7 @@ def test_optuna_with_a_time_budget_ranks_settings_at_equal_seconds(ray_session, 
 def test_an_optuna_grid_stores_its_study_in_sqlite_that_optuna_can_open(ray_session, tmp_path):
     import optuna
 
-    from ablate.rundir import OPTUNA_DB, optuna_storage_url
+    from ablate.service.records.rundir import OPTUNA_DB, optuna_storage_url
 
     grid = load_grid("tune_aninfonce", "smoke")
     with warnings.catch_warnings(record=True) as caught:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from ablate.service.execution.search import seconds_to_target
-from ablate.trial_log import read_rows
+from ablate.service.records.trial_log import read_rows
 
 
 def _trial(tmp_path, name, rows, torn=False):

@@ -13,8 +13,8 @@ import pytest
 
 from ablate import cli
 from ablate.config import ConfigError
-from ablate.rundir import RunError
 from ablate.service.execution.slurm import render_script, script_path, slurm_job, submit, time_seconds, write_script
+from ablate.service.records.rundir import RunError
 from ablate.service.specs.grids import GridError
 
 

@@ -124,7 +124,7 @@ def test_export_on_a_full_disk_leaves_neither_half_a_table_nor_a_temporary(run_d
 
 def test_atomic_write_removes_its_temporary_whatever_fails(tmp_path):
     """A writer that raises (here: not an OSError) leaves the old file and no temporary."""
-    from ablate.rundir import atomic_write
+    from ablate.service.records.rundir import atomic_write
 
     target = tmp_path / "state.json"
     target.write_text("old")
@@ -140,7 +140,7 @@ def test_atomic_write_removes_its_temporary_whatever_fails(tmp_path):
 
 
 def test_sweep_removes_temporaries_of_dead_writers_only(tmp_path):
-    from ablate.rundir import sweep_stale_temps
+    from ablate.service.records.rundir import sweep_stale_temps
 
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()

@@ -45,7 +45,7 @@ def test_a_trial_continues_from_its_newest_checkpoint_that_loads_and_that_its_lo
     """The Trainable writes a checkpoint into its trial folder after each report; a new one (a resumed run, Ray's
     retry) continues from the newest that loads and whose report is in the log, else from step 0."""
     from ablate.service.execution.trainable import AblateTrainable
-    from ablate.trial_log import append_row
+    from ablate.service.records.trial_log import append_row
 
     grid = load_grid("batch_vs_dim", "smoke")
     record = {"dir": str(tmp_path), "id": "t", "keep": 3}
@@ -84,9 +84,9 @@ def test_a_trial_through_ray_equals_ablate_train_of_its_point_bit_for_bit(ray_se
     from conftest import runs_root, smoke_run
 
     from ablate.core.experiment import Experiment
-    from ablate.rundir import PARAMS_FILE, RESULT_FILE
+    from ablate.service.records.rundir import PARAMS_FILE, RESULT_FILE
+    from ablate.service.records.trial_log import intact_rows, read_rows
     from ablate.service.specs.params import config_from_params
-    from ablate.trial_log import intact_rows, read_rows
 
     run_dir = smoke_run("batch_vs_dim", runs_root(tmp_path_factory))
     threads = torch.get_num_threads()
@@ -118,7 +118,7 @@ def test_reports_travel_together_every_results_every_seconds_and_the_log_gets_ea
     from ablate.service.execution.callbacks import ResultLog
     from ablate.service.execution.results import REPORTS_KEY
     from ablate.service.execution.trainable import AblateTrainable
-    from ablate.trial_log import read_rows
+    from ablate.service.records.trial_log import read_rows
 
     grid = load_grid("batch_vs_dim", "smoke")
     params = {"grid": "batch_vs_dim", **grid.base, "max_steps": 20, "batch_size": 32, "latent_dim": 3, "seed": 1}
@@ -156,8 +156,8 @@ def test_a_pack_sends_its_members_reports_together_too(tmp_path):
     from ablate.service.execution.callbacks import ResultLog
     from ablate.service.execution.pack_trainable import PackTrainable
     from ablate.service.execution.results import REPORTS_KEY
+    from ablate.service.records.trial_log import read_rows
     from ablate.service.specs.params import PACK_KEY
-    from ablate.trial_log import read_rows
 
     grid = load_grid("batch_vs_lambda", "smoke")
     base = {"grid": grid.name, "scale": "smoke", **grid.base, **grid.stop.settings(), "max_steps": 30}

@@ -10,8 +10,8 @@ from ray.tune import Callback
 from ablate.service.execution.results import split_reports
 from ablate.service.records.record import TrialRecord, own_record, trial_records
 from ablate.service.records.trial import record_of
+from ablate.service.records.trial_log import ERROR_KEY, finished, seconds_of
 from ablate.service.specs.params import PACK_KEY, RECORD_KEY, config_from_params, flat_params, pack_members
-from ablate.trial_log import ERROR_KEY, finished, seconds_of
 
 __all__ = ["ResultLog"]
 
@@ -28,7 +28,7 @@ class ResultLog(Callback):
     rise. ``training_iteration`` is the row's place in the log and ``time_total_s`` adds the time of the rows
     before this driver's first report of the trial, so both run on across resumes as in one unbroken run.
 
-    A report that ends a trial whose loss went non-finite (:data:`ablate.trial_log.ERROR_KEY`) is its error: it is
+    A report that ends a trial whose loss went non-finite (:data:`ablate.service.records.trial_log.ERROR_KEY`) is its error: it is
     written beside the log (``error.json``, as for a trial that failed for good) and said in one line.
     """
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ablate import ray_compat
-from ablate.rundir import RunError
+from ablate.service.records.rundir import RunError
 
 __all__ = [
     "DEFAULT_HOST",

@@ -14,8 +14,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from ablate.provenance import query_gpus
-from ablate.rundir import RunError
+from ablate.service.records.provenance import query_gpus
+from ablate.service.records.rundir import RunError
 from ablate.service.specs.costs import MemoryEstimate, peak_memory
 from ablate.service.specs.grids import Grid
 
@@ -51,7 +51,7 @@ def _ram_available() -> int | None:
 
 
 def _gpu_memory() -> tuple[int, ...]:
-    """Each GPU's total memory in bytes (:func:`ablate.provenance.query_gpus`), or () when unknown."""
+    """Each GPU's total memory in bytes (:func:`ablate.service.records.provenance.query_gpus`), or () when unknown."""
     return tuple(g["memory_mib"] << 20 for g in query_gpus())
 
 

@@ -8,7 +8,7 @@ single trials). On the CPU they help only tiny steps, so ``auto`` means no packi
 from __future__ import annotations
 
 from ablate.config import ConfigError
-from ablate.rundir import RunError
+from ablate.service.records.rundir import RunError
 from ablate.service.specs.grids import Grid
 
 __all__ = ["AUTO_MAX", "resolve_pack"]

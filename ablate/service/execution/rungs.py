@@ -19,7 +19,7 @@ from ray.tune.schedulers import ASHAScheduler
 
 from ablate.service.records.record import RunRecord, TrialRecord, own_record
 from ablate.service.records.trial import record_of
-from ablate.trial_log import ERROR_KEY, seconds_of
+from ablate.service.records.trial_log import ERROR_KEY, seconds_of
 
 __all__ = ["RecordASHA"]
 

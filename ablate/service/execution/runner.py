@@ -1,6 +1,6 @@
 """Runs a grid through Ray Tune: validation before Ray starts, the plan from the run's own files, the Tuner.
 
-A run lives in ``<storage>/<name>`` (see :mod:`ablate.rundir` for its files). What a run does to it is decided
+A run lives in ``<storage>/<name>`` (see :mod:`ablate.service.records.rundir` for its files). What a run does to it is decided
 from ablate's files alone (:mod:`ablate.service.records.plan`); each run is one fresh Ray Tune experiment over the work
 that remains, and nothing Ray writes is read back. ``ray.init`` and the cluster live in
 :mod:`ablate.service.execution.cluster`, the search algorithm in :mod:`ablate.service.execution.search`.
@@ -26,8 +26,8 @@ from ablate.service.execution.search import check_study, save_best, tune_config
 from ablate.service.records.driver_lock import one_driver
 from ablate.service.records.outcome import RunOutcome, StorageFull, collect_outcome, full_disk, storage_full_message
 from ablate.service.records.plan import Plan, check_trial_folders, plan_run
-from ablate.provenance import record_provenance
-from ablate.rundir import (
+from ablate.service.records.provenance import record_provenance
+from ablate.service.records.rundir import (
     DRIVER_LOCK,
     INTERRUPTED_FILE,
     MARKER_TIME_FORMAT,
@@ -140,7 +140,7 @@ def _reporter(grid: Grid):
 
 
 def default_run_name(grid: Grid) -> str:
-    """A run's name when ``--name`` is not given (:func:`ablate.rundir.run_name`)."""
+    """A run's name when ``--name`` is not given (:func:`ablate.service.records.rundir.run_name`)."""
     return run_name(grid.name, grid.scale, grid.preset)
 
 

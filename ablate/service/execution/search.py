@@ -6,11 +6,11 @@ import math
 from pathlib import Path
 from typing import Any
 
-from ablate.rundir import OPTUNA_DB, optuna_storage_url
 from ablate.service.records.record import RunRecord, folder_name
+from ablate.service.records.rundir import OPTUNA_DB, optuna_storage_url
 from ablate.service.records.trial import record_of
+from ablate.service.records.trial_log import ERROR_KEY
 from ablate.service.specs.grids import Grid, n_reports
-from ablate.trial_log import ERROR_KEY
 
 __all__ = [
     "check_study",
@@ -45,8 +45,8 @@ def _study(grid: Grid, run_dir: str):
 def check_study(run_dir: str) -> None:
     """Refuse to go on with a search whose study (``RUN_DIR/optuna.db``) is gone while its trial folders are not:
     a new study would know nothing of them, suggest their settings again and train on trials ASHA had stopped,
-    mixing two searches in one record. Raises :class:`ablate.rundir.RunError`."""
-    from ablate.rundir import RunError
+    mixing two searches in one record. Raises :class:`ablate.service.records.rundir.RunError`."""
+    from ablate.service.records.rundir import RunError
 
     if Path(run_dir, OPTUNA_DB).is_file():
         return
@@ -129,7 +129,7 @@ def unit_searcher(units: list[dict[str, Any]]):
 
 def _optuna_search(**kwargs: Any):
     """Ray's ``OptunaSearch`` that tells the study a trial whose loss went non-finite (its last report holds
-    :data:`ablate.trial_log.ERROR_KEY`) FAILED, as for a trial that raised, not a value of NaN."""
+    :data:`ablate.service.records.trial_log.ERROR_KEY`) FAILED, as for a trial that raised, not a value of NaN."""
     from ray.tune.search.optuna import OptunaSearch
 
     class RecordOptunaSearch(OptunaSearch):
@@ -240,7 +240,7 @@ def save_best(grid: Grid, run_dir: str) -> dict[str, Any] | None:
     is the one that first reached the target in the fewest seconds of training (``time_total_s``); without a
     trial that reached it, or without a target, the best is the highest (``mode``) last value of the metric.
     """
-    from ablate.rundir import RunReader
+    from ablate.service.records.rundir import RunReader
 
     opt = grid.optuna
     assert opt is not None  # search: optuna

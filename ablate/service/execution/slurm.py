@@ -35,8 +35,8 @@ from typing import Any
 
 from ablate.config import ConfigError
 from ablate.files import atomic_write
-from ablate.rundir import RunError, check_run_name, is_remote
 from ablate.service.execution.options import RunOptions, build_options, command_options, resume_words
+from ablate.service.records.rundir import RunError, check_run_name, is_remote
 
 __all__ = [
     "SlurmJob",

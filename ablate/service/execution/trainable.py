@@ -7,7 +7,7 @@ and at setup it continues from the newest one its result log covers: a resumed o
 a failed trial, continues from ablate's files, never from Ray's.
 
 A loss that goes non-finite is a result of the science, not a crash (the same seed reaches it at the same step
-again): the trial reports it once (:data:`ablate.trial_log.ERROR_KEY`, naming the step) and ends, as a pack's
+again): the trial reports it once (:data:`ablate.service.records.trial_log.ERROR_KEY`, naming the step) and ends, as a pack's
 member does; Ray does not retry it. Any other exception is Ray's to retry (``--max-failures``).
 """
 
@@ -23,14 +23,14 @@ from ray import tune
 
 from ablate import ray_compat
 from ablate.core.experiment import Experiment, NonFiniteLossError
-from ablate.pidlock import LockHeld
 from ablate.service.execution.results import RAY_KEYS, REPORTS_KEY
 from ablate.service.execution.spare_cores import SpareCoreMeter
 from ablate.service.records.checkpoint_writer import CheckpointWriter
+from ablate.service.records.pidlock import LockHeld
 from ablate.service.records.record import TrialRecord, own_record
 from ablate.service.records.trial import CHECKPOINT_FILE, record_of, solo_covered
+from ablate.service.records.trial_log import ERROR_KEY, ended
 from ablate.service.specs.params import PACK_KEY, config_from_params, flat_params
-from ablate.trial_log import ERROR_KEY, ended
 
 __all__ = ["AblateTrainable", "CHECKPOINT_FILE"]
 

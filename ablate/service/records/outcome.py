@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ablate.rundir import INTERRUPTED, INTERRUPTED_FILE, TRIAL_PREFIX, RunError, RunReader, write_text
 from ablate.service.records.plan import Plan
+from ablate.service.records.rundir import INTERRUPTED, INTERRUPTED_FILE, TRIAL_PREFIX, RunError, RunReader, write_text
 from ablate.service.specs.grids import Grid, axis_text
 
 __all__ = [

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from ablate.config import RunConfig
-from ablate.rundir import TRIAL_PREFIX, RunError
 from ablate.service.records.record import RunRecord, TrialRecord
+from ablate.service.records.rundir import TRIAL_PREFIX, RunError
 from ablate.service.records.trial import (
     key_of,
     member_steps,
@@ -30,10 +30,10 @@ from ablate.service.records.trial import (
     record_id,
     solo_covered,
 )
+from ablate.service.records.trial_log import ended
 from ablate.service.specs.costs import costliest_first
 from ablate.service.specs.grids import Grid
 from ablate.service.specs.params import RECORD_KEY, config_from_params
-from ablate.trial_log import ended
 
 __all__ = ["Plan", "Point", "RECORD_KEY", "apply_plan", "decide", "decide_run", "grid_points", "plan_run"]
 

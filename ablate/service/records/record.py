@@ -3,8 +3,8 @@
 Code that runs a grid (the driver's result log, the Trainables, the scheduler's rungs, the search) reaches a trial's
 folder only through these: where the folder is, its params, its result log (read, append, rewrite), its error and
 stopped files, its lock and its checkpoints. Every write is atomic (:func:`ablate.files.atomic_write`), but the
-log's append, which a kill may cut and the next append cuts back (:func:`ablate.trial_log.append_row`). The layout
-is :mod:`ablate.rundir`'s (file names) and :mod:`ablate.service.records.trial`'s (ids, checkpoints).
+log's append, which a kill may cut and the next append cuts back (:func:`ablate.service.records.trial_log.append_row`). The layout
+is :mod:`ablate.service.records.rundir`'s (file names) and :mod:`ablate.service.records.trial`'s (ids, checkpoints).
 
 Nothing here imports Ray.
 """
@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from ablate.files import atomic_write
-from ablate.pidlock import PidLock
-from ablate.rundir import (
+from ablate.service.records import trial as checkpoints
+from ablate.service.records.pidlock import PidLock
+from ablate.service.records.rundir import (
     BEST_CONFIG_FILE,
     ERROR_FILE,
     PACK_FILE,
@@ -30,12 +31,11 @@ from ablate.rundir import (
     STOPPED_FILE,
     TRIAL_PREFIX,
 )
-from ablate.service.records import trial as checkpoints
-from ablate.trial_log import append_row, cut_log, intact_rows, json_text, last_row, last_step, read_rows
+from ablate.service.records.trial_log import append_row, cut_log, intact_rows, json_text, last_row, last_step, read_rows
 
 __all__ = ["TRIAL_LOCK", "RunRecord", "TrialRecord", "folder_name", "own_record", "trial_records"]
 
-#: The lock a trial holds on its folder while it trains (:mod:`ablate.pidlock`).
+#: The lock a trial holds on its folder while it trains (:mod:`ablate.service.records.pidlock`).
 TRIAL_LOCK = ".trial.lock"
 
 

@@ -28,8 +28,8 @@ from typing import Any
 
 from ablate.config import RunConfig
 from ablate.files import atomic_write
-from ablate.rundir import ERROR_FILE
-from ablate.trial_log import intact_rows
+from ablate.service.records.rundir import ERROR_FILE
+from ablate.service.records.trial_log import intact_rows
 
 __all__ = [
     "CHECKPOINT_FILE",

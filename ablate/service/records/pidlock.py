@@ -1,6 +1,6 @@
 """One writer at a time: an exclusive ``fcntl.flock`` on a file that names its holder (pid, host, start time).
 
-``ablate run`` holds such a lock on ``<run_dir>/ablate_driver.lock`` (:data:`ablate.rundir.DRIVER_LOCK`) for
+``ablate run`` holds such a lock on ``<run_dir>/ablate_driver.lock`` (:data:`ablate.service.records.rundir.DRIVER_LOCK`) for
 its whole life (:mod:`ablate.service.execution.runner`), and ``ablate status`` asks :func:`lock_holder` whether a live
 driver holds it. The kernel releases the lock when the holding process ends, however it ends (exit, Ctrl-C,
 SIGTERM, ``kill -9``), so a lock is never left behind by a dead driver; the file itself stays, and its content is

@@ -45,8 +45,8 @@ from ablate.files import (  # re-exported: the run directory's writes
 )
 from ablate.marker import marker_problem
 from ablate.messages import quote
-from ablate.pidlock import lock_holder
-from ablate.trial_log import ERROR_KEY, failure_count, finished, intact_rows, trial_status
+from ablate.service.records.pidlock import lock_holder
+from ablate.service.records.trial_log import ERROR_KEY, failure_count, finished, intact_rows, trial_status
 
 __all__ = [
     "BEST_CONFIG_FILE",
@@ -97,7 +97,7 @@ OPTUNA_DB = "optuna.db"
 REPORT_FILE = "report.html"
 #: Trial folders are named ``trial_<trial id>``.
 TRIAL_PREFIX = "trial_"
-#: What produced the run, one JSON line per start and --resume (ablate.provenance). Not ``.json``: Ray copies the
+#: What produced the run, one JSON line per start and --resume (ablate.service.records.provenance). Not ``.json``: Ray copies the
 #: run directory's ``.json`` files into its staging folder on a resume and back at each snapshot.
 PROVENANCE_FILE = "ablate_provenance.jsonl"
 #: The installed distributions (``name==version``) of the newest start or resume.
@@ -112,7 +112,7 @@ ERROR_FILE = "error.json"
 STOPPED_FILE = "stopped.json"
 #: Written when Ctrl-C stopped a run (the trials it stopped, the resume command); removed when --resume starts.
 INTERRUPTED_FILE = "ablate_interrupted.json"
-#: The driver's lock (ablate.pidlock): `ablate run` holds it for its whole life; no lock held = no live driver.
+#: The driver's lock (ablate.service.records.pidlock): `ablate run` holds it for its whole life; no lock held = no live driver.
 DRIVER_LOCK = "ablate_driver.lock"
 #: The status ablate shows for a trial that a Ctrl-C stopped before it finished (Ray's snapshot says RUNNING).
 INTERRUPTED = "INTERRUPTED"
@@ -336,7 +336,7 @@ class RunReader:
 
     def trial_states(self) -> dict[str, dict[str, Any]]:
         """trial_id → {status, params, config, failures, iteration, pack, error, stopped_early} of each point of the
-        run, from ablate's files alone (:func:`ablate.trial_log.trial_status`; a driver is live while it holds the
+        run, from ablate's files alone (:func:`ablate.service.records.trial_log.trial_status`; a driver is live while it holds the
         run's lock, :data:`DRIVER_LOCK`, and no Ctrl-C stopped it). ``stopped_early``: the step of the last report of
         a trial its scheduler stopped before its stop settings (TERMINATED, with :data:`STOPPED_FILE` beside its
         log), else None."""
@@ -380,7 +380,7 @@ class RunReader:
         return {k: v["status"] for k, v in self.trial_states().items()}
 
     def results(self, trial_dir: str) -> list[dict[str, Any]]:
-        """A trial's reports: the intact rows of its result.json (:func:`ablate.trial_log.intact_rows`, the leading
+        """A trial's reports: the intact rows of its result.json (:func:`ablate.service.records.trial_log.intact_rows`, the leading
         rows whose steps rise), which every command reads and a resume keeps; a line being written right now, and
         rows after the first out of order (a line appended twice, a hand edit), are left out."""
         return intact_rows(self.logged_rows(trial_dir))

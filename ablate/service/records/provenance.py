@@ -21,11 +21,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ablate.rundir import ENVIRONMENT_FILE, PROVENANCE_FILE, RunReader, atomic_write
+from ablate.service.records.rundir import ENVIRONMENT_FILE, PROVENANCE_FILE, RunReader, atomic_write
 
 __all__ = ["SCIENCE_KEYS", "collect", "distributions", "record_provenance", "science_changes", "summary_line"]
 
-_log = logging.getLogger("ablate.provenance")
+_log = logging.getLogger("ablate.service.records.provenance")
 
 #: Versions whose change can change a run's numbers (a resume across one says so before it runs).
 SCIENCE_KEYS = ("ablate", "git_commit", "git_dirty", "torch", "numpy")
