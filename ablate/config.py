@@ -68,7 +68,7 @@ LATER_FIELDS = {
 RESUME_MAY_CHANGE = frozenset({"max_steps", "report_every", "target_r2", "device", "eval_samples", "prefetch"})
 
 #: How a run trains (optimiser, schedule, batch, encoder width), as opposed to what it studies (the DGP, g, the
-#: loss and its settings, the seeds). A preset sets only these and :data:`RESUME_MAY_CHANGE` (tests/service/test_presets.py).
+#: loss and its settings, the seeds). A preset sets only these and :data:`RESUME_MAY_CHANGE` (tests/service/specs/test_presets.py).
 #: They are still science fields: a checkpoint resumes only with the values it was written with.
 TRAINING_FIELDS = frozenset({"lr", "lr_lambda", "lr_schedule", "warmup_steps", "batch_size", "encoder_widths"})
 

@@ -10,7 +10,7 @@ cost per result shows most) is trained:
 A run's rate is read from its result log as the driver writes it: the steps between the first and the last time
 the log grew, over the time between them (each growth is one Ray result, so both ends are whole results). Printed:
 steps per second, the ratio to the limit, and reports per Ray result. The rows of every run are the same numbers
-(tests/service/test_trainable.py); only the time differs.
+(tests/service/execution/test_trainable.py); only the time differs.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Checkpoints written off the training thread (ablate/service/records/checkpoint_writer.py): the same state as a
 synchronous write, a copy that training cannot change, errors raised in the trial, and a kill during a write
 leaving the checkpoint before it. No Ray: the Trainables' use of it is covered by the fault, signal, extension
-and pack tests (tests/service/test_checkpoint_integrity.py, test_reliability.py, test_extend.py)."""
+and pack tests (tests/service/records/test_checkpoint_integrity.py, test_reliability.py, test_extend.py)."""
 
 from __future__ import annotations
 

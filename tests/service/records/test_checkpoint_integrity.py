@@ -17,7 +17,7 @@ from ablate.service.execution.runner import run_grid
 from ablate.service.records.trial import CHECKPOINT_FILE
 from ablate.service.records.trial_log import intact_rows
 from ablate.service.specs.grids import load_grid
-from tests.service.faulty import faulty
+from tests.service.execution.faulty import faulty
 
 REPORT_EVERY, MAX_STEPS = 5, 40  # 8 reports
 #: The faulty trial stops during report 6: checkpoints after reports 4 and 5 (steps 20, 25).

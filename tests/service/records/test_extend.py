@@ -20,7 +20,7 @@ from conftest import run_logged, sigterm_after, smoke_cmd
 from ablate.analysis.results import load_results
 from ablate.service.execution.runner import run_grid
 from ablate.service.specs.grids import load_grid
-from tests.service.faulty import counting
+from tests.service.execution.faulty import counting
 
 _TIMING = ["time_total_s", "prefetch", "status"]
 

@@ -1,6 +1,6 @@
 """`ablate slurm` without a cluster: the job's checks, the rendered batch script, and the CLI's output.
 
-The script's behaviour on a real SLURM (start, requeue, resume) is tests/service/test_slurm.py.
+The script's behaviour on a real SLURM (start, requeue, resume) is tests/service/execution/test_slurm.py.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def test_the_script_asks_slurm_for_the_job_and_runs_the_grid(tmp_path):
 
 
 def test_one_node_binds_the_head_to_loopback_and_a_grid_file_is_named_absolutely(tmp_path, monkeypatch):
-    grid_file = Path(__file__).parents[2] / "ablate" / "search_spaces" / "batch_vs_dim.yaml"
+    grid_file = Path(__file__).parents[3] / "ablate" / "search_spaces" / "batch_vs_dim.yaml"
     monkeypatch.chdir(grid_file.parent)
     job = slurm_job("batch_vs_dim.yaml", scale="smoke", storage=str(tmp_path), dashboard=False)
     text = render_script(job)

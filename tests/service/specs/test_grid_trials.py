@@ -4,7 +4,7 @@ The fixture was captured before the grids' laptop scales named the ``fast`` pres
 settings: moving a fact into one home must not change a single trial. Each trial is stored by its label with
 the RunConfig fields that differ from the defaults (so a later change of a default does not fail this test,
 while any setting a grid or preset gives does). Regenerate on purpose only, after checking the difference:
-``.venv/bin/python tests/service/test_grid_trials.py``.
+``.venv/bin/python tests/service/specs/test_grid_trials.py``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 from ablate.service.specs.grid import SCALES
 from ablate.service.specs.grids import known_grids, load_grid
 
-FIXTURE = Path(__file__).parents[1] / "data" / "grid_trials.json"
+FIXTURE = Path(__file__).parents[2] / "data" / "grid_trials.json"
 
 
 def resolved(name: str, scale: str) -> dict:

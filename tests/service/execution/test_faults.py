@@ -7,7 +7,7 @@ import json
 from ablate.service.execution.runner import run_grid
 from ablate.service.specs.grid import VariantSpec
 from ablate.service.specs.grids import load_grid
-from tests.service.faulty import counting, faulty
+from tests.service.execution.faulty import counting, faulty
 
 
 def _one_trial_grid(**base):
