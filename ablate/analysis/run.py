@@ -58,6 +58,7 @@ class Run:
         default_factory=list
     )  # what produced the run (ablate.service.records.provenance)
     left_out: list[str] = field(default_factory=list)  # trials whose params.json disagrees with the run's record
+    live: bool = False  # an `ablate run` was writing the run when it was read
 
     @property
     def name(self) -> str:
@@ -121,6 +122,7 @@ def load_run(run_dir: str | Path, grid: str | None = None) -> Run:
         ctx=ctx,
         provenance=reader.provenance(),
         left_out=reader.disagreeing(),
+        live=reader.driver_live(),
     )
 
 

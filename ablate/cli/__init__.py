@@ -167,14 +167,15 @@ def _one_line(text: str, limit: int = 300) -> str:
 
 # ------------------------------------------------- report / export / dashboard
 def cmd_report(args: argparse.Namespace) -> int:
-    from ablate.reports.report import left_out_note, load_run, watch_report, write_report
+    from ablate.reports.report import edited_note, left_out_note, load_run, watch_report, write_report
 
     out = args.out or (str(Path(args.run_dir) / f"report-{args.grid}.html") if args.grid else None)
     if args.watch is None:
         run = load_run(args.run_dir, args.grid)
         print(f"report: {write_report(run, out, args.dashboard)}")
-        if note := left_out_note(run):  # the page's line under its grid points, word for word
-            print(note)
+        for note in (edited_note(run), left_out_note(run)):  # the page's lines, word for word
+            if note:
+                print(note)
         return 0
     try:
         log = lambda m: print(m, flush=True)  # noqa: E731

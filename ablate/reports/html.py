@@ -182,6 +182,28 @@ LEFT_OUT_WHY = (
 )
 
 
+def run_state(counts: dict[str, int], finished: bool, live: bool) -> str:
+    """How the page's header names the run's state from its trials' status counts: ``finished`` (nothing left to
+    run, none errored), ``ended with N error(s)``, ``in progress`` (an `ablate run` writes it) or ``stopped`` (trials
+    are left and no `ablate run` writes it: ``--resume`` goes on)."""
+    if finished:
+        errors = counts.get("ERROR", 0)
+        return f"ended with {errors} error(s)" if errors else "finished"
+    return "in progress" if live else "stopped"
+
+
+def edited_note(run: Run) -> str:
+    """The report's line naming the trials left out because their params.json disagrees with the run's record
+    (the same words on the page and from `ablate report`); "" when there are none."""
+    if not run.left_out:
+        return ""
+    more = " …" if len(run.left_out) > 10 else ""
+    return (
+        f"{len(run.left_out)} trial(s) left out: their params.json disagrees with the run's record of their point "
+        f"(edited by hand?): {', '.join(run.left_out[:10])}{more}"
+    )
+
+
 def left_out_note(run: Run) -> str:
     """The report's line naming the trials it leaves out of final values, each with why (the same words on the page
     and from `ablate report`, :func:`ablate.analysis.finished.left_out_line`); "" when every trial finished."""
@@ -284,7 +306,7 @@ def render_html(
     expected = int(run.marker.get("n_trials") or len(table))
     not_started = max(expected - len(table), 0)
     finished = nothing_left_to_run(run) if finished is None else finished
-    state = "finished" if finished else "in progress"
+    state = run_state(counts, finished, run.live)
     count_text = ", ".join(f"{n} {s.lower()}" for s, n in sorted(counts.items()))
     if not_started:
         count_text += f", {not_started} not started"
@@ -305,13 +327,8 @@ def render_html(
         + (f" · refreshes every {refresh:g} s" if refresh else "")
         + "</p>",
     ]
-    if run.left_out:
-        out.append(
-            f"<p class='warn'>{len(run.left_out)} trial(s) left out: their params.json disagrees with the run's record "
-            f"of their point (edited by hand?): {html.escape(', '.join(run.left_out[:10]))}"
-            + (" …" if len(run.left_out) > 10 else "")
-            + "</p>"
-        )
+    if note := edited_note(run):
+        out.append(f"<p class='warn'>{html.escape(note)}</p>")
     if dashboard.description:
         out.append(f"<p>{html.escape(dashboard.description.strip())}</p>")
     out += ["<h2>Settings</h2>", _settings_html(run), "<h2>Trials</h2>", _html_table(table, status_col="status")]

@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 
 from ablate.analysis.run import Run, load_run, nothing_left_to_run
-from ablate.reports.html import left_out_note, render_html
+from ablate.reports.html import edited_note, left_out_note, render_html
 from ablate.reports.optuna_views import OptunaView, optuna_views
 from ablate.reports.panels import PanelResult, compute_panels
 from ablate.reports.spec import (
@@ -37,6 +37,7 @@ __all__ = [
     "build_panels",
     "default_dashboard",
     "known_dashboards",
+    "edited_note",
     "left_out_note",
     "load_dashboard",
     "load_run",
@@ -121,8 +122,9 @@ def watch_report(
             + (", ".join(f"{n} {s.lower()}" for s, n in sorted(statuses.items())) or "no trials yet")
         )
         if last:
-            if note := left_out_note(run):
-                log(note)
+            for note in (edited_note(run), left_out_note(run)):
+                if note:
+                    log(note)
             left = sum(s not in ("TERMINATED", "ERROR") for s in run.statuses.values())
             log(
                 f"no trial left to run; final report: {target}"

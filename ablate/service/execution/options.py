@@ -61,7 +61,8 @@ class RunOptions(BaseModel):
     )
     address: str | None = Field(
         None,
-        description="join an existing Ray cluster: auto or ray://host:10001",
+        description="join an existing Ray cluster: its head's address (host:6379, as `ray start --head` prints it), "
+        "auto, or ray://host:10001",
         json_schema_extra=_meta(commands=("run",)),
     )
     cpus_per_trial: float = Field(
