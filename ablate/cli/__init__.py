@@ -167,9 +167,9 @@ def _one_line(text: str, limit: int = 300) -> str:
 
 # ------------------------------------------------- report / export / dashboard
 def cmd_report(args: argparse.Namespace) -> int:
-    from ablate.reports.report import edited_note, left_out_note, load_run, watch_report, write_report
+    from ablate.reports.report import default_out, edited_note, left_out_note, load_run, watch_report, write_report
 
-    out = args.out or (str(Path(args.run_dir) / f"report-{args.grid}.html") if args.grid else None)
+    out = args.out or default_out(args.run_dir, args.grid)
     if args.watch is None:
         run = load_run(args.run_dir, args.grid)
         print(f"report: {write_report(run, out, args.dashboard)}")

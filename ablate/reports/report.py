@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pandas as pd
 
@@ -26,7 +27,7 @@ from ablate.reports.spec import (
     known_dashboards,
     load_dashboard,
 )
-from ablate.service.records.rundir import REPORT_FILE, RunError, RunReader, write_text
+from ablate.service.records.rundir import REPORT_FILE, RunError, RunReader, is_remote, write_text
 
 __all__ = [
     "DASHBOARD_DIR",
@@ -66,9 +67,15 @@ def study_views(run: Run) -> list[OptunaView]:
     return optuna_views(run.run_dir, run.name)
 
 
-def default_out(run_dir: str | Path) -> str:
-    """RUN_DIR/report.html."""
-    return str(run_dir).rstrip("/") + "/" + REPORT_FILE
+def default_out(run_dir: str | Path, grid: str | None = None) -> str:
+    """Where a report goes unless told: RUN_DIR/report.html (``report-<grid>.html`` for one grid of a run that holds
+    several); for a run on object storage (``s3://``, ``gs://``), a file of that name prefixed with the run's name
+    in the current folder: the report is read where it is asked for, not written back into the store."""
+    name = f"report-{grid}.html" if grid else REPORT_FILE
+    if is_remote(run_dir):
+        run_name = urlsplit(str(run_dir)).path.rstrip("/").rsplit("/", 1)[-1]
+        return f"{run_name}-{name}"
+    return str(Path(run_dir) / name)
 
 
 def write_report(
@@ -86,7 +93,7 @@ def write_report(
     if not isinstance(run, Run):
         run = load_run(run, grid)
     dash = run_dashboard(run, dashboard)
-    target = str(out) if out is not None else default_out(run.run_dir)
+    target = str(out) if out is not None else default_out(run.run_dir, grid)
     page = render_html(
         run, build_panels(run, dash), dash, refresh=refresh, finished=finished, extra_views=study_views(run)
     )
