@@ -1,4 +1,4 @@
-"""The run marker's typed shape (``RUN_DIR/ablate_run.json``): what :class:`ablate.service.records.rundir.RunReader` checks before any
+"""The run marker's typed shape (``RUN_DIR/ablate_run.json``): what :class:`ablate.service.records.reader.RunReader` checks before any
 command reads a run, so that valid JSON of the wrong shape is refused in one line instead of read as a run."""
 
 from __future__ import annotations

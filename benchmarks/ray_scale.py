@@ -40,7 +40,7 @@ def longest_first_makespan(durations: list[float], slots: int) -> float:
 def run_overhead(run_dir: str | os.PathLike, slots: int | None = None) -> dict:
     """Overhead of a finished run from its own records: wall = its marker's creation to its last report."""
     from ablate.analysis.claims.evaluate import run_wall_s
-    from ablate.service.records.rundir import RunReader
+    from ablate.service.records.reader import RunReader
     from ablate.service.specs.costs import trial_cost
     from ablate.service.specs.params import config_from_params
 

@@ -13,7 +13,8 @@ from typing import Any
 import pandas as pd
 
 from ablate.config import RunConfig
-from ablate.service.records.rundir import RunError, RunReader, atomic_write
+from ablate.service.records.reader import RunReader
+from ablate.service.records.rundir import RunError, atomic_write
 from ablate.service.specs.grids import axis_text
 
 __all__ = ["LEAD_COLUMNS", "NothingToExport", "axis_value", "differing_settings", "export_results", "load_results"]

@@ -13,7 +13,7 @@ import pandas as pd
 
 from ablate.analysis.results import axis_value, load_results
 from ablate.config import ConfigError, RunConfig
-from ablate.service.records.rundir import RunReader
+from ablate.service.records.reader import RunReader
 from ablate.service.specs.grid import DEFAULT_SCALE
 from ablate.service.specs.grids import Grid, GridError, grid_from_text, load_grid, natural_key
 from ablate.service.specs.params import config_from_params

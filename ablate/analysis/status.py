@@ -9,7 +9,8 @@ from ablate.config import ConfigError
 from ablate.service.records.pidlock import lock_holder
 from ablate.service.records.plan import decide
 from ablate.service.records.provenance import summary_line
-from ablate.service.records.rundir import DRIVER_LOCK, INTERRUPTED, RunReader, is_remote
+from ablate.service.records.reader import RunReader
+from ablate.service.records.rundir import DRIVER_LOCK, INTERRUPTED, is_remote
 from ablate.service.records.trial_log import ERROR_KEY, intact_rows
 from ablate.service.specs.grids import axis_text, natural_key
 from ablate.service.specs.params import config_from_params, flat_params

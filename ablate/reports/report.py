@@ -27,7 +27,8 @@ from ablate.reports.spec import (
     known_dashboards,
     load_dashboard,
 )
-from ablate.service.records.rundir import REPORT_FILE, RunError, RunReader, is_remote, write_text
+from ablate.service.records.reader import RunReader
+from ablate.service.records.rundir import REPORT_FILE, RunError, is_remote, write_text
 
 __all__ = [
     "DASHBOARD_DIR",

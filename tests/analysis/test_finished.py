@@ -80,7 +80,8 @@ def test_nothing_left_to_run_is_not_every_trial_finished(tmp_path):
     from unfinished_runs import SEARCH_LEFT_OUT, searched_run
 
     from ablate.analysis.run import nothing_left_to_run
-    from ablate.service.records.rundir import TRIAL_PREFIX, read_marker, write_marker
+    from ablate.service.records.reader import read_marker
+    from ablate.service.records.rundir import TRIAL_PREFIX, write_marker
 
     run_dir = unfinished_run(tmp_path / "run")
     assert not nothing_left_to_run(load_run(run_dir))  # aninfonce_2 was interrupted: a --resume would run it

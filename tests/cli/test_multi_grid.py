@@ -13,7 +13,7 @@ import pytest
 from conftest import run_logged, smoke_cmd
 
 from ablate.analysis.results import load_results
-from ablate.service.records.rundir import RunReader
+from ablate.service.records.reader import RunReader
 
 
 def _cli(*args: str) -> list[str]:

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 from conftest import free_port, runs_root, smoke_run
 
-from ablate.service.records.rundir import OPTUNA_DB, PARAMS_FILE, RESULT_FILE, RunReader, optuna_storage_url
+from ablate.service.records.reader import RunReader
+from ablate.service.records.rundir import OPTUNA_DB, PARAMS_FILE, RESULT_FILE, optuna_storage_url
 
 
 def _dashboard_exe() -> str | None:

@@ -27,7 +27,8 @@ from ablate.analysis.claims.main_text import (
 )
 from ablate.analysis.finished import left_out_line, unfinished_trials
 from ablate.analysis.run import RunContext, load_run
-from ablate.service.records.rundir import MARKER_TIME_FORMAT, RunReader, run_name
+from ablate.service.records.reader import RunReader
+from ablate.service.records.rundir import MARKER_TIME_FORMAT, run_name
 
 __all__ = [
     "CLAIMS",

@@ -27,6 +27,7 @@ from ablate.service.records.driver_lock import one_driver
 from ablate.service.records.outcome import RunOutcome, StorageFull, collect_outcome, full_disk, storage_full_message
 from ablate.service.records.plan import Plan, check_trial_folders, plan_run
 from ablate.service.records.provenance import record_provenance
+from ablate.service.records.reader import read_marker
 from ablate.service.records.rundir import (
     DRIVER_LOCK,
     INTERRUPTED_FILE,
@@ -35,7 +36,6 @@ from ablate.service.records.rundir import (
     RunError,
     check_writable,
     is_remote,
-    read_marker,
     remove_file,
     resolve_run_dir,
     run_name,

@@ -240,7 +240,7 @@ def save_best(grid: Grid, run_dir: str) -> dict[str, Any] | None:
     is the one that first reached the target in the fewest seconds of training (``time_total_s``); without a
     trial that reached it, or without a target, the best is the highest (``mode``) last value of the metric.
     """
-    from ablate.service.records.rundir import RunReader
+    from ablate.service.records.reader import RunReader
 
     opt = grid.optuna
     assert opt is not None  # search: optuna

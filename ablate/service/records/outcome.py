@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from ablate.service.records.plan import Plan
-from ablate.service.records.rundir import INTERRUPTED, INTERRUPTED_FILE, TRIAL_PREFIX, RunError, RunReader, write_text
+from ablate.service.records.reader import RunReader
+from ablate.service.records.rundir import INTERRUPTED, INTERRUPTED_FILE, TRIAL_PREFIX, RunError, write_text
 from ablate.service.specs.grids import Grid, axis_text
 
 __all__ = [

@@ -21,7 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ablate.service.records.rundir import ENVIRONMENT_FILE, PROVENANCE_FILE, RunReader, atomic_write
+from ablate.service.records.reader import RunReader
+from ablate.service.records.rundir import ENVIRONMENT_FILE, PROVENANCE_FILE, atomic_write
 
 __all__ = ["SCIENCE_KEYS", "collect", "distributions", "record_provenance", "science_changes", "summary_line"]
 

@@ -16,7 +16,8 @@ from conftest import run_logged, smoke_cmd
 
 import ablate
 from ablate.service.records.provenance import collect, distributions, record_provenance, science_changes, summary_line
-from ablate.service.records.rundir import ENVIRONMENT_FILE, PROVENANCE_FILE, RunReader
+from ablate.service.records.reader import RunReader
+from ablate.service.records.rundir import ENVIRONMENT_FILE, PROVENANCE_FILE
 
 ROOT = Path(ablate.__file__).resolve().parent.parent
 

@@ -199,7 +199,7 @@ def test_another_set_or_grid_file_makes_new_points_beside_the_run_s_own(run_dir,
 
 
 def test_the_marker_records_every_point_as_its_params_json(run_dir):
-    from ablate.service.records.rundir import RunReader
+    from ablate.service.records.reader import RunReader
 
     reader = RunReader(run_dir)
     points = reader.points()

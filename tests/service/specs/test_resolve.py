@@ -17,7 +17,7 @@ from conftest import ray_running
 import ablate
 from ablate.config import ConfigError
 from ablate.service.execution.options import RunOptions
-from ablate.service.records.rundir import read_marker
+from ablate.service.records.reader import read_marker
 from ablate.service.specs.grids import Grid, GridError, load_grid
 from ablate.service.specs.presets import PresetError
 
