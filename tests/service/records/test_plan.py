@@ -236,3 +236,48 @@ def test_a_pack_plan_is_decided_without_writing_and_applied_with_its_pack_file(t
     apply_plan(plan, tmp_path)
     for pid, members in plan.new_packs.items():
         assert json.loads((tmp_path / f"{TRIAL_PREFIX}{pid}" / "pack.json").read_text()) == {"members": members}
+
+
+def _write_logs(run_dir: Path, points, steps: int = 10) -> None:
+    """Each point's folder with its params.json and a log of reports every 5 steps up to ``steps``."""
+    for point in points:
+        folder = run_dir / f"{TRIAL_PREFIX}{point.trial_id}"
+        folder.mkdir(parents=True)
+        (folder / PARAMS_FILE).write_text(json.dumps(point.params, indent=2, sort_keys=True))
+        rows = [{"step": s, "training_iteration": i + 1, "r2": 0.5} for i, s in enumerate(range(5, steps + 1, 5))]
+        (folder / RESULT_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_a_new_axis_value_starts_its_points_and_reuses_the_others(tmp_path):
+    """The grid file gains batch_size 64 at smoke scale: its two new points start, the four finished ones are
+    reused untouched."""
+    from ablate.service.specs.grids import grid_from_text
+
+    ids = _finished_run(tmp_path, 10)
+    before = _snapshot(tmp_path)
+    grid = _grid()
+    text = grid.text.replace(
+        "axes: {batch_size: [16, 32], latent_dim: [3, 6]}", "axes: {batch_size: [16, 32, 64], latent_dim: [3, 6]}"
+    )
+    assert text != grid.text
+    wider = grid_from_text(text, "smoke", grid.path)
+    plan = plan_run(wider, tmp_path)
+    assert sorted(plan.reused) == sorted(ids) and not plan.continued and len(plan.started) == 2
+    assert {p.config.batch_size for p in plan.points if p.trial_id in plan.started} == {64}
+    after = _snapshot(tmp_path)
+    assert {k: v for k, v in after.items() if k in before} == before, "the reused trials' files are untouched"
+
+
+def test_another_variant_starts_its_points_and_reuses_the_variant_that_ran(tmp_path):
+    """A run of one variant (`--variants aninfonce`), then the whole grid: the other variants' points start and the
+    first variant's are reused."""
+    grid = load_grid("anisotropy", "smoke")
+    first = load_grid("anisotropy", "smoke")
+    first.select_variants(["aninfonce"], "--variants")
+    ran = grid_points(first)
+    _write_logs(tmp_path, ran, steps=first.stop.max_steps)
+    plan = plan_run(grid, tmp_path)
+    assert sorted(plan.reused) == sorted(p.trial_id for p in ran) and not plan.continued
+    started = [p for p in plan.points if p.trial_id in plan.started]
+    others = {v.name for v in grid.variants} - {"aninfonce"}
+    assert others and {p.params["variant"]["name"] for p in started} == others
