@@ -224,6 +224,7 @@ def start_or_find(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> Dashboa
         )
     if live:
         address = next(iter(live))
+        _keep_token_auth(address)  # the cluster's own authentication mode, as `ablate run --address` joins it
         ctx = ray.init(address=address, logging_level="ERROR", log_to_driver=False)
         started = False
         notes.append(

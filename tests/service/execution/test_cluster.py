@@ -110,3 +110,26 @@ def test_dashboard_prints_url_and_how_to_authenticate(monkeypatch, capsys, tmp_p
     assert any("auth_token" in line for line in auth_lines({}, tmp_path / "auth_token"))
     assert cli.main(["dashboard", "--port", "70000"]) == 2
     assert "not a TCP port" in capsys.readouterr().err
+
+
+@pytest.mark.ray
+def test_the_dashboard_command_joins_a_running_cluster_in_its_auth_mode(ray_head, tmp_path):
+    """`ablate dashboard` beside a running cluster (``RAY_ADDRESS``, or the one whose processes live on this
+    machine) joins it with the cluster's own authentication mode, as `ablate run --address` does: on Ray 2.60 a
+    head that `ray start` made with a token file checks tokens, and an explicit address is not given one by Ray."""
+    import os
+    import subprocess
+    import sys
+
+    probe = (
+        "from ablate.service.execution.cluster import start_or_find\n"
+        "handle = start_or_find()\n"
+        "print('NOTES', handle.notes)\n"
+        "handle.shutdown()\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_MODE"}
+    done = subprocess.run(
+        [sys.executable, "-c", probe], env={**env, "RAY_ADDRESS": ray_head}, capture_output=True, text=True, timeout=180
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"joined the Ray cluster already running on this machine ({ray_head})" in done.stdout, done.stdout
