@@ -1,5 +1,6 @@
 """The fixed-shape sampler (``sampler: fixed``): one training batch of latents for k runs at once, with shapes
-that do not depend on the draws, and one host read per batch.
+that do not depend on the draws, and one host read per batch, or per chunk of batches drawn ahead
+(:func:`draw_ahead`).
 
 The papers' rejection sampler (:func:`ablate.core.dgp.sample_conditional`, ``sampler: adaptive``) redraws the
 rows it rejected in rounds sized by the acceptance measured so far, so every round asks the host how many rows
@@ -22,17 +23,29 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from ablate.core import dgp
 
-__all__ = ["MISS_RATE", "FixedShapeSampler", "candidate_count"]
+__all__ = [
+    "AHEAD_ELEMENTS",
+    "MAX_AHEAD",
+    "MISS_RATE",
+    "FixedShapeSampler",
+    "PendingBatch",
+    "candidate_count",
+    "draw_ahead",
+]
 
 #: Target probability that a row misses all of its candidates (before the memory cap binds).
 MISS_RATE = 1e-6
+#: Batches drawn ahead per host read in :func:`draw_ahead`: at most this many, and at most this many elements of
+#: latents held at once.
+MAX_AHEAD, AHEAD_ELEMENTS = 32, 2**24
 #: The probe that measures the acceptance: anchors, candidates per anchor, and its own seed.
 _PROBE_ROWS, _PROBE_PER_ROW, _PROBE_SEED = 4096, 16, 20_261_128
 
@@ -68,6 +81,26 @@ def candidate_count(lam: Sequence[float], threshold: float | None, rows: int, *,
     wanted = 1 if low >= 1.0 else math.ceil(math.log(miss) / math.log1p(-low))
     cap = max(1, dgp._MAX_CANDIDATE_ELEMENTS // max(rows * len(lam), 1))
     return max(1, min(wanted, cap))
+
+
+@dataclass
+class PendingBatch:
+    """A batch drawn up to its finishing rounds (:meth:`FixedShapeSampler.draw_pending`): anchors ``z``, the chosen
+    positives and hard negatives each with whether its row had an accepted candidate, and ``missed``, a device flag
+    (None without a rejection rule) set where some row had none."""
+
+    z: Tensor
+    lam: Tensor
+    pos: tuple[Tensor, Tensor]
+    neg: tuple[Tensor, Tensor] | None
+    members: list[int]
+    missed: Tensor | None
+    n_negatives: int
+
+    def latents(self) -> tuple[Tensor, Tensor, Tensor | None]:
+        """``(z, z⁺, negatives)`` as :meth:`FixedShapeSampler.draw` returns them."""
+        k, n, d = self.z.shape
+        return self.z, self.pos[0], None if self.neg is None else self.neg[0].view(k, n, self.n_negatives, d)
 
 
 class FixedShapeSampler:
@@ -113,6 +146,18 @@ class FixedShapeSampler:
         """One batch of ``n`` anchors per member listed in ``members`` (all by default; ``generators`` are theirs,
         in the same order): ``(z, z⁺, negatives)`` of shapes ``(k, n, d)``, ``(k, n, d)`` and ``(k, n, M, d)`` or
         None. Reads one flag on the host (whether any row missed)."""
+        batch = self.draw_pending(generators, n, members=members, hard_negatives=hard_negatives)
+        missed = batch.missed is not None and bool(batch.missed)  # the one host read
+        return self.finish(batch, generators) if missed else batch.latents()
+
+    def draw_pending(
+        self, generators: Sequence[torch.Generator], n: int, *, members: Sequence[int] | None = None,
+        hard_negatives: bool = False,
+    ) -> PendingBatch:  # fmt: skip
+        """A batch as :meth:`draw` draws it up to its finishing rounds, reading nothing on the host: its rows,
+        and whether any row missed as a device flag (:class:`PendingBatch`). Where the flag is set, the batch is
+        finished by :meth:`finish` with the generators as they were right after this draw; otherwise its
+        :meth:`PendingBatch.latents` are the batch."""
         members = list(range(self.lam.shape[0])) if members is None else list(members)
         rows = self._rows(members)
         lam = self.lam if rows is None else self.lam[rows]
@@ -128,10 +173,27 @@ class FixedShapeSampler:
             counts = [self.negative_candidates[i] for i in members]
             lam_neg = self.lam_neg if rows is None else self.lam_neg[rows]
             neg = self._first_accepted(anchors, lam_neg, counts, generators)
-        self._finish(z, lam, pos, neg, members, generators)
-        out_pos = pos[0]
-        out_neg = None if neg is None else neg[0].view(k, n, self.n_negatives, d)
-        return z, out_pos, out_neg
+        hits = [pos[1]] + ([] if neg is None else [neg[1]])
+        missed = None if self.threshold is None else ~torch.stack([h.all() for h in hits]).all()
+        return PendingBatch(z, lam, pos, neg, members, missed, self.n_negatives)
+
+    def finish(
+        self, batch: PendingBatch, generators: Sequence[torch.Generator]
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        """The batch with its missed rows drawn exactly by the adaptive sampler, member by member, from
+        ``generators`` (as they were right after :meth:`draw_pending` drew it); the rows so finished are counted."""
+        for j, (i, rng) in enumerate(zip(batch.members, generators)):
+            parts = [(batch.pos, batch.z[j], batch.lam[j])]
+            if batch.neg is not None:
+                parts.append((batch.neg, batch.z[j].repeat_interleave(self.n_negatives, dim=0), self.lam_neg[i]))
+            for (values, hit), anchors, concentration in parts:
+                rows = (~hit[j]).nonzero().squeeze(1)
+                if rows.numel():
+                    values[j, rows] = dgp.sample_conditional(
+                        anchors[rows], concentration, threshold=self.threshold, generator=rng
+                    )
+                    self.misses += rows.numel()
+        return batch.latents()
 
     def _first_accepted(
         self, z: Tensor, lam: Tensor, counts: list[int], generators: Sequence[torch.Generator]
@@ -174,19 +236,54 @@ class FixedShapeSampler:
             self._valid_columns[counts] = width < torch.tensor(counts, device=device)[:, None]
         return self._valid_columns[counts]
 
-    def _finish(self, z, lam, pos, neg, members, generators) -> None:
-        """Rows that missed all their candidates: drawn exactly by the adaptive sampler, member by member."""
-        hits = [pos[1]] + ([] if neg is None else [neg[1]])
-        if self.threshold is None or bool(torch.stack([h.all() for h in hits]).all()):  # the one host read
-            return
-        for j, (i, rng) in enumerate(zip(members, generators)):
-            parts = [(pos, z[j], lam[j])]
-            if neg is not None:
-                parts.append((neg, z[j].repeat_interleave(self.n_negatives, dim=0), self.lam_neg[i]))
-            for (values, hit), anchors, concentration in parts:
-                rows = (~hit[j]).nonzero().squeeze(1)
-                if rows.numel():
-                    values[j, rows] = dgp.sample_conditional(
-                        anchors[rows], concentration, threshold=self.threshold, generator=rng
-                    )
-                    self.misses += rows.numel()
+
+def draw_ahead(
+    sampler: FixedShapeSampler,
+    generators: Sequence[torch.Generator],
+    n: int,
+    steps: Sequence[int],
+    *,
+    members: Sequence[int] | None = None,
+    hard: Callable[[int], bool] = lambda step: False,
+    chunk: int | None = None,
+) -> Iterator[tuple[tuple[Tensor, Tensor, Tensor | None], list[Tensor]]]:
+    """The batches of ``steps`` in order, each with every generator's state after it: what :meth:`FixedShapeSampler.draw`
+    per step gives, bit for bit, but reading the miss flags once per ``chunk`` batches instead of once per batch.
+
+    A chunk's batches are drawn up to their finishing rounds (:meth:`FixedShapeSampler.draw_pending`), noting each
+    generator's state after each, and their flags read together. Where batch j missed, the generators go back to
+    their state after j, j is finished exactly (:meth:`FixedShapeSampler.finish`) and the batches after it are drawn
+    again from there: the stream is the per-batch one. ``hard(step)``: whether that step's batch has hard negatives.
+    ``chunk`` (default): up to :data:`MAX_AHEAD` batches, holding at most :data:`AHEAD_ELEMENTS` latents.
+    """
+    if chunk is None:
+        k = sampler.lam.shape[0] if members is None else len(members)
+        per_batch = k * n * sampler.lam.shape[1] * (2 + sampler.n_negatives)
+        chunk = max(1, min(MAX_AHEAD, AHEAD_ELEMENTS // max(per_batch, 1)))
+    todo = list(steps)
+    while todo:
+        pending = []
+        for step in todo[: max(chunk, 1)]:
+            batch = sampler.draw_pending(generators, n, members=members, hard_negatives=hard(step))
+            pending.append((batch, [g.get_state() for g in generators]))
+        flags = (
+            [False] * len(pending)
+            if pending[0][0].missed is None
+            else torch.stack([b.missed for b, _ in pending]).tolist()  # the one host read of the chunk
+        )
+        for j, ((batch, after), missed) in enumerate(zip(pending, flags)):
+            if missed:
+                for g, state in zip(generators, after):
+                    g.set_state(state)
+                yield sampler.finish(batch, generators), [g.get_state() for g in generators]
+                todo = todo[j + 1 :]  # drawn again after the finishing rounds
+                break
+            yield batch.latents(), after
+        else:
+            todo = todo[len(pending) :]
+
+
+def stacked_rows(z: Tensor, z_pos: Tensor, neg: Tensor | None) -> Tensor:
+    """A batch's latents ``(k, rows, d)``: anchors, positives, then hard negatives, as
+    :meth:`ablate.core.experiment.Experiment.compute_loss` lays its rows out."""
+    return torch.cat([z, z_pos] + ([] if neg is None else [neg.flatten(1, 2)]), dim=1)

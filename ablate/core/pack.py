@@ -11,10 +11,8 @@ up to float reassociation.
 
 How the k models are batched (on a GPU, or with ``solo_kernels`` off): stacked weights ``(k, out, in)`` and
 one ``baddbmm`` per layer with a backward that mirrors ``F.linear``'s (:func:`~ablate.core.batched.linear_nt`),
-rather than ``torch.func.stack_module_state`` + ``vmap``: measured with ``python -m benchmarks.pack``, vmap was slower at every size, its weight gradients differ
-from a solo run's in the last bits (autograd's bmm backward), and the fused loss (a custom autograd Function)
-would need a vmap rule. On the CPU a pack's gain is the per-operation overhead it saves, large for tiny steps and
-small where the matmuls dominate (docs/performance.md has the numbers).
+rather than ``torch.func.stack_module_state`` + ``vmap``, which was slower at every size (``python -m benchmarks.pack``),
+differs from a solo run in the last bits and would need a vmap rule for the fused loss.
 
 Per-member state: the weights, their gradients and Adam's moments live in flat ``(k, P)`` buffers
 (:class:`~.pack_state.PackState`), so Adam updates every tensor of every member with one set of element-wise
@@ -31,6 +29,7 @@ With solo kernels (the CPU, where reading a value costs nothing) the losses' fin
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -40,7 +39,7 @@ from torch.nn import functional as F
 from ablate.config import RunConfig
 from ablate.core.batched import adam_update_, linear_nt, member_losses, pack_loss
 from ablate.core.experiment import Experiment, NonFiniteLossError
-from ablate.core.fixed_sampler import FixedShapeSampler
+from ablate.core.fixed_sampler import FixedShapeSampler, draw_ahead, stacked_rows
 from ablate.core.generator import GENERATOR_SLOPE
 from ablate.core.pack_eval import evaluate_members
 from ablate.core.pack_fields import check_packable
@@ -160,9 +159,8 @@ class PackedExperiment(PackState):
         ``rngs`` (one per member, in order)."""
         rngs = [self._members[i].data_rng for i in active] if rngs is None else rngs
         if self._sampler is not None:  # sampler: fixed, every member's batch in one pass
-            z, z_pos, neg = self._sampler.draw(rngs, self.configs[0].batch_size, members=active, hard_negatives=hard)
-            latents = torch.cat([z, z_pos] + ([] if neg is None else [neg.flatten(1, 2)]), dim=1)
-            return latents, [rng.get_state() for rng in rngs]
+            drawn = self._sampler.draw(rngs, self.configs[0].batch_size, members=active, hard_negatives=hard)
+            return stacked_rows(*drawn), [rng.get_state() for rng in rngs]
         d, xs = self.configs[0].latent_dim, []
         for i, rng in zip(active, rngs):
             latents = self._members[i].sample_latents(self.configs[0].batch_size, rng, hard_negatives=hard)
@@ -171,6 +169,15 @@ class PackedExperiment(PackState):
                 chunks.append(latents["negatives"].reshape(-1, d))
             xs.append(torch.cat(chunks))
         return xs, [rng.get_state() for rng in rngs]
+
+    def _batches(self, active: list[int], steps: range):
+        """The batches of ``steps`` as :meth:`_draw` gives them (a context manager): by the prefetch thread, else with
+        ``sampler: fixed`` drawn ahead with one host read per chunk (:func:`.fixed_sampler.draw_ahead`)."""
+        if self._sampler is None or self._prefetch:
+            return Prefetcher(lambda s: self._draw(active, s), steps, enabled=self._prefetch)
+        rngs, n = [self._members[i].data_rng for i in active], self.configs[0].batch_size
+        drawn = draw_ahead(self._sampler, rngs, n, steps, members=active, hard=self._hard_negatives)
+        return nullcontext((self._apply_g(stacked_rows(*latents), active), states) for latents, states in drawn)
 
     def _draw(self, active: list[int], step: int) -> tuple[Tensor, list[Tensor]]:
         """x = g(latents) of every active member's batch of ``step`` ``(k_active, N, d)``, and each member's data
@@ -304,7 +311,7 @@ class PackedExperiment(PackState):
             alive = None if self._solo_kernels else torch.ones(len(active), dtype=torch.bool, device=self.device)
             fail_at = None if alive is None else torch.full((len(active),), n_steps, device=self.device)
             keys = range(start, start + n_steps - done)
-            with Prefetcher(lambda s, a=active: self._draw(a, s), keys, enabled=self._prefetch) as batches:
+            with self._batches(active, keys) as batches:
                 for x, states in batches:
                     losses[done, columns] = self._train_step(active, rows, x, start + done - first, alive)
                     if fail_at is not None:  # the step at which each member failed, kept on the device
