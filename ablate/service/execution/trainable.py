@@ -76,20 +76,32 @@ class AblateTrainable(tune.Trainable):
         """One Ray result: the reports trained until ``--results-every`` seconds have passed (a search's trial, or
         one used outside a run: one report), the last one with the ones before it under ``reports``
         (:mod:`ablate.service.execution.results`); its checkpoint after the last one only, since a checkpoint
-        counts once its report is in the log, and the log gets these reports together."""
+        counts once its report is in the log, and the log gets these reports together. An exception after some
+        reports of a result first hands those reports to Ray, and is raised at the next call (Ray's retry then
+        continues from the last checkpoint, as it would have)."""
         if self._finished_row is not None:  # a search's repeat of a setting the run finished or failed: its end
             return {**self._finished_row, "done": True}
+        error, self._deferred_error = getattr(self, "_deferred_error", None), None
+        if error is not None:
+            raise error
         deadline = time.monotonic() + self._results_every()
         earlier: list[dict[str, Any]] = []
         while True:
             begun = time.monotonic()
-            result = self._report()
+            try:
+                result = self._report()
+            except Exception as exc:
+                if not earlier:
+                    raise
+                self._deferred_error = exc
+                result = {k: v for k, v in earlier.pop().items() if k != "time_this_iter_s"}
+                break  # no checkpoint: the experiment is past this report, part way into the failing one
             if result.get("done") or time.monotonic() >= deadline:
                 break
             earlier.append({**result, "time_this_iter_s": time.monotonic() - begun})
         if earlier:
             result[REPORTS_KEY] = earlier
-        if not result.get(ERROR_KEY):  # no checkpoint of non-finite weights
+        if not result.get(ERROR_KEY) and self._deferred_error is None:  # none of non-finite or part-trained weights
             self._save_to_record(final=bool(result.get("done")))
         return result
 

@@ -25,7 +25,7 @@ def faulty(counter_dir: Path, *, at_step: int, times: int = 1, variant: str | No
     counter_dir.mkdir(parents=True, exist_ok=True)
 
     class Faulty(base):
-        def step(self):
+        def _report(self):  # a report's training, as many as --results-every puts in one Ray result
             step = self.experiment.step
             n = min(self.run_config.report_every, self.run_config.max_steps - step)
             chosen = variant is None or (self.params.get("variant") or {}).get("name") == variant
@@ -36,7 +36,7 @@ def faulty(counter_dir: Path, *, at_step: int, times: int = 1, variant: str | No
                 if fired < times:
                     counter.write_text(str(fired + 1))
                     raise InjectedFault(f"injected fault at step {at_step} ({fired + 1} of {times})")
-            return super().step()
+            return super()._report()
 
     return Faulty
 

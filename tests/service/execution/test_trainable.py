@@ -181,3 +181,24 @@ def test_a_pack_sends_its_members_reports_together_too(tmp_path):
         assert [r["step"] for r in rows] == [r["members"][m]["step"] for r in each]
         assert [r["r2"] for r in rows] == [r["members"][m]["r2"] for r in each]
         assert [r["pack"] for r in rows] == ["pack-p"] * len(each)
+
+
+def test_an_exception_after_some_reports_of_a_result_hands_them_to_ray_first(tmp_path):
+    """A trial that fails part way through a Ray result that carries several reports: the reports before the
+    failure still reach Ray (and so the log), without a checkpoint (the experiment is part way into the failing
+    report); the exception comes at the next call, where Ray's retry takes over as for any failure."""
+    import pytest
+
+    from ablate.service.execution.results import REPORTS_KEY
+    from tests.service.execution.faulty import InjectedFault, faulty
+
+    grid = load_grid("batch_vs_dim", "smoke")
+    params = {"grid": "batch_vs_dim", **grid.base, "max_steps": 20, "batch_size": 32, "latent_dim": 3, "seed": 1}
+    params["record"] = {"dir": str(tmp_path), "id": "t", "keep": 2, "results_every": 3600.0}
+    trainable = faulty(tmp_path / "faults", at_step=12)(config=params)
+    result = trainable.train()
+    assert result["step"] == 10 and [r["step"] for r in result[REPORTS_KEY]] == [5] and not result["done"]
+    assert not list((tmp_path / "trial_t").glob("checkpoint_*")), "no checkpoint of a part-trained state"
+    with pytest.raises(InjectedFault, match="injected fault at step 12"):
+        trainable.train()
+    trainable.stop()
