@@ -20,7 +20,8 @@ from ablate.service.specs.grids import load_grid
 from tests.service.execution.faulty import faulty
 
 REPORT_EVERY, MAX_STEPS = 5, 40  # 8 reports
-#: The faulty trial stops during report 6: checkpoints after reports 4 and 5 (steps 20, 25).
+#: The faulty trial stops during report 6: checkpoints after reports 4 and 5 (steps 20, 25); its results reach
+#: Ray one report each (``results_every=0``), so each report has its checkpoint.
 _FAULT_STEP = 28
 #: Columns that differ between two runs of the same point by their timing or their bookkeeping only.
 _TIMING = {"trial_id", "status", "time_total_s", "prefetch"}
@@ -61,14 +62,16 @@ def runs(ray_session, tmp_path_factory):
 def _stopped(root: Path, name: str) -> Path:
     """The point stopped by a fault during report 6 (ERROR, resumable; the fault fires once in all)."""
     trainable = faulty(root / f"{name}-faults", at_step=_FAULT_STEP)
-    stopped = run_grid(_grid(), storage=str(root), name=name, verbose=0, max_failures=0, trainable=trainable)
+    stopped = run_grid(
+        _grid(), storage=str(root), name=name, verbose=0, max_failures=0, trainable=trainable, results_every=0
+    )
     assert [t.status for t in stopped.trials] == ["ERROR"]
     assert [p.name for p in _checkpoints(stopped.run_dir)] == ["checkpoint_000000020", "checkpoint_000000025"]
     return stopped.run_dir
 
 
 def _resume(run_dir: Path):
-    return run_grid(_grid(), storage=str(run_dir.parent), name=run_dir.name, resume=True, verbose=0)
+    return run_grid(_grid(), storage=str(run_dir.parent), name=run_dir.name, resume=True, verbose=0, results_every=0)
 
 
 def _assert_as_never_stopped(run_dir: Path, reference) -> None:
