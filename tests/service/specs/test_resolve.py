@@ -12,7 +12,6 @@ import importlib
 import sys
 
 import pytest
-from conftest import ray_running
 
 import ablate
 from ablate.config import ConfigError
@@ -20,6 +19,28 @@ from ablate.service.execution.options import RunOptions
 from ablate.service.records.reader import read_marker
 from ablate.service.specs.grids import Grid, GridError, load_grid
 from ablate.service.specs.presets import PresetError
+
+#: Each call to start or join Ray in this module's tests (none may happen: every check comes before Ray).
+_RAY_STARTS: list[tuple] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_ray(monkeypatch):
+    """Record any start of Ray by the runner instead of starting it (a Ray that an earlier test of the session
+    left running in this process would make "is Ray running?" say nothing of these calls)."""
+    import ablate.service.execution.runner as runner
+
+    _RAY_STARTS.clear()
+
+    def refuse(*args, **kwargs):
+        _RAY_STARTS.append((args, kwargs))
+        raise AssertionError("Ray was started")
+
+    monkeypatch.setattr(runner, "init_ray", refuse)
+
+
+def ray_started() -> bool:
+    return bool(_RAY_STARTS)
 
 
 class Stop(Exception):
@@ -36,7 +57,7 @@ def _planned(tmp_path, grid, **fields):
 
     with pytest.raises(Stop):
         ablate.run_grid(grid, storage=str(tmp_path), verbose=0, on_plan=stop, **fields)
-    assert not ray_running()
+    assert not ray_started()
     return seen["plan"]
 
 
@@ -80,7 +101,7 @@ def test_run_grid_loads_a_name_at_its_scale_and_a_grid_keeps_the_scale_it_was_lo
         "--scale laptop: grid batch_vs_dim was loaded at scale smoke; load it at laptop, or pass its name or file "
         "to resolve it at that scale"
     )
-    assert not (tmp_path / "d").exists() and not ray_running()
+    assert not (tmp_path / "d").exists() and not ray_started()
 
 
 # ---------------------------------------------------------------------- a bad value: one line, everywhere
@@ -104,7 +125,7 @@ def test_a_bad_preset_set_or_variant_is_one_line_from_run_slurm_and_run_grid(tmp
         with pytest.raises((ConfigError, GridError, PresetError)) as info:
             ablate.run_grid(grid, storage=str(storage), scale="smoke", **fields)
         assert run == slurm == f"ablate: error: {info.value}"
-    assert not storage.exists() and not ray_running()
+    assert not storage.exists() and not ray_started()
 
 
 def test_a_bad_scale_is_refused_by_run_slurm_and_run_grid_before_ray(tmp_path, ablate_cli):
@@ -115,7 +136,7 @@ def test_a_bad_scale_is_refused_by_run_slurm_and_run_grid_before_ray(tmp_path, a
         assert f"ablate {command}: error: argument --scale: invalid choice: 'huge'" in done.stderr, done.stderr
     with pytest.raises(ConfigError, match=r"^--scale 'huge': input should be 'smoke', 'laptop' or 'paper'"):
         ablate.run_grid("anisotropy", storage=str(storage), scale="huge")
-    assert not storage.exists() and not ray_running()
+    assert not storage.exists() and not ray_started()
 
 
 def test_train_refuses_an_unknown_preset_in_the_words_of_run(ablate_cli):
@@ -161,7 +182,7 @@ def test_ablate_run_checks_each_grid_once_before_the_first_starts(tmp_path, abla
     monkeypatch.setattr("ablate.cli.run._print_plan", stop)
     with pytest.raises(Stop):
         ablate_cli("run", "batch_vs_dim", "tricl", "--scale", "smoke", "--storage", str(tmp_path))
-    assert not ray_running()
+    assert not ray_started()
     for name, seen in calls.items():  # both grids checked before the first starts, and not again
         assert [g.name for g in seen] == ["batch_vs_dim", "tricl"], (name, seen)
 
