@@ -170,17 +170,13 @@ class AblateTrainable(tune.Trainable):
 
     def _lock_record(self, own: TrialRecord) -> None:
         self._release_record()
-        own.make()
-        lock = own.lock()
-        while True:
-            try:
-                self._record_lock = lock.acquire()
-                return
-            except LockHeld as exc:
-                if not getattr(self, "_said_wait", False):
-                    self._said_wait = True
-                    _log.info("trial %s: waits for %s (the same setting is training)", self.trial_name, exc)
-                time.sleep(1.0)
+
+        def waiting(held: LockHeld, seconds: float) -> None:
+            _log.info(
+                "trial %s: waits (%.0f s so far) for %s: the same setting is training", self.trial_name, seconds, held
+            )
+
+        self._record_lock = own.hold(waiting)
 
     def _release_record(self) -> None:
         """Finish the checkpoint in flight (a stop, a signal, another trial on this actor), then unlock the folder."""

@@ -13,14 +13,16 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from ablate.files import atomic_write
 from ablate.service.records import trial as checkpoints
-from ablate.service.records.pidlock import PidLock
+from ablate.service.records.pidlock import LockHeld, PidLock
 from ablate.service.records.rundir import (
     BEST_CONFIG_FILE,
     ERROR_FILE,
@@ -147,6 +149,25 @@ class TrialRecord:
     def lock(self) -> PidLock:
         """The lock the trial holds on its folder while it trains (not taken yet)."""
         return PidLock(self.folder / TRIAL_LOCK)
+
+    def hold(self, on_wait: Callable[[LockHeld, float], None] | None = None, *, say_every_s: float = 300.0) -> PidLock:
+        """Take the trial's lock (creating the folder), waiting while another process holds it; ``on_wait(held,
+        seconds waited)`` at once and every ``say_every_s`` while it waits.
+
+        There is no time limit, by design: the lock is an ``flock``, released by the kernel when its holder dies
+        (:mod:`ablate.service.records.pidlock`), so a held lock is a live process training this very setting (a
+        search that suggests a setting its run is training now), and waiting for it is the right thing to do."""
+        self.make()
+        lock, started, said = self.lock(), time.monotonic(), -math.inf
+        while True:
+            try:
+                return lock.acquire()
+            except LockHeld as held:
+                now = time.monotonic()
+                if on_wait is not None and now - said >= say_every_s:
+                    on_wait(held, now - started)
+                    said = now
+                time.sleep(1.0)
 
     def write_checkpoint(self, state: dict[str, Any], keep: int, logged: int | None = None) -> Path:
         """:func:`ablate.service.records.trial.write_checkpoint` into this folder."""
