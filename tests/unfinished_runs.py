@@ -176,3 +176,32 @@ def linear_lambda_run(root: Path) -> Path:
         (folder / PARAMS_FILE).write_text(json.dumps(params))
         (folder / RESULT_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))
     return root
+
+
+# ------------------------------------------------------------------------------------------------ a finished run
+def finished_smoke_run(run_dir: Path, rows_of=None) -> list[str]:
+    """batch_vs_dim at smoke scale, finished, written by hand: the marker with its points, and per point its
+    params.json and a log; ``rows_of(i, point)`` gives point i's rows (default: reports at steps 5 and 10 with
+    ``r2 = step / 100``). Returns the trial ids in the grid's order."""
+    from ablate.service.records.plan import grid_points
+    from ablate.service.specs.grids import load_grid
+
+    grid = load_grid("batch_vs_dim", "smoke")
+    points = grid_points(grid)
+    run_dir.mkdir(parents=True)
+    write_marker(
+        str(run_dir),
+        {"grid": grid.name, "scale": grid.scale, "axes": grid.axis_names(), "n_trials": len(points), "runs": [],
+         "points": {p.trial_id: p.params for p in points}},
+    )  # fmt: skip
+    for i, p in enumerate(points):
+        folder = run_dir / f"{TRIAL_PREFIX}{p.trial_id}"
+        folder.mkdir()
+        (folder / PARAMS_FILE).write_text(json.dumps(p.params, indent=2, sort_keys=True))
+        rows = (
+            rows_of(i, p)
+            if rows_of
+            else [{"step": s, "training_iteration": n + 1, "r2": s / 100} for n, s in enumerate((5, 10))]
+        )
+        (folder / RESULT_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return [p.trial_id for p in points]

@@ -238,26 +238,20 @@ def test_the_header_says_how_the_run_ended():
 def test_trials_whose_params_json_was_edited_are_named_by_the_page_and_by_ablate_report(tmp_path, capsys):
     """A trial whose params.json disagrees with the run's record is left out; the page named it and `ablate report`
     said nothing. Both now give the same line."""
-    from ablate.service.records.plan import grid_points
-    from ablate.service.records.rundir import PARAMS_FILE, RESULT_FILE, TRIAL_PREFIX, write_marker
+    from unfinished_runs import finished_smoke_run
 
-    grid = load_grid("batch_vs_dim", "smoke")
-    points = grid_points(grid)
+    from ablate.service.records.rundir import PARAMS_FILE, TRIAL_PREFIX
+
     run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    write_marker(
-        str(run_dir),
-        {"grid": grid.name, "scale": grid.scale, "axes": grid.axis_names(), "n_trials": len(points), "runs": [],
-         "points": {p.trial_id: p.params for p in points}},
-    )  # fmt: skip
-    for p in points:
-        folder = run_dir / f"{TRIAL_PREFIX}{p.trial_id}"
-        folder.mkdir()
-        (folder / PARAMS_FILE).write_text(json.dumps(p.params, indent=2, sort_keys=True))
-        rows = [{"step": s, "training_iteration": i + 1, "r2": s / 100, "loss": 1.0} for i, s in enumerate((5, 10))]
-        (folder / RESULT_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))
-    edited = points[0].trial_id
-    (run_dir / f"{TRIAL_PREFIX}{edited}" / PARAMS_FILE).write_text(json.dumps({**points[0].params, "lr": 0.5}))
+    ids = finished_smoke_run(
+        run_dir,
+        lambda i, p: [
+            {"step": s, "training_iteration": n + 1, "r2": s / 100, "loss": 1.0} for n, s in enumerate((5, 10))
+        ],
+    )
+    edited = ids[0]
+    params = json.loads((run_dir / f"{TRIAL_PREFIX}{edited}" / PARAMS_FILE).read_text())
+    (run_dir / f"{TRIAL_PREFIX}{edited}" / PARAMS_FILE).write_text(json.dumps({**params, "lr": 0.5}))
     assert cli.main(["report", str(run_dir), "--out", str(tmp_path / "r.html")]) == 0
     printed = capsys.readouterr().out.splitlines()
     (line,) = [x for x in printed if "params.json disagrees" in x]

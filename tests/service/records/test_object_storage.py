@@ -8,7 +8,6 @@ a cloud bucket. Writing a run there (`ablate run --storage s3://…`) is not bui
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import socket
@@ -19,12 +18,10 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from unfinished_runs import finished_smoke_run
 
 from ablate import cli
 from ablate.analysis.results import load_results
-from ablate.service.records.plan import grid_points
-from ablate.service.records.rundir import PARAMS_FILE, RESULT_FILE, TRIAL_PREFIX, write_marker
-from ablate.service.specs.grids import load_grid
 
 _CREDENTIALS = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1"}
 
@@ -74,26 +71,17 @@ def s3_store(tmp_path_factory):
 
 
 def _finished_run(run_dir: Path) -> Path:
-    """batch_vs_dim at smoke scale, finished, written by hand: its marker and per point params.json and a log with
-    two seeds per (batch, d) so that compare has something to tell."""
-    grid = load_grid("batch_vs_dim", "smoke")
-    points = grid_points(grid)
-    run_dir.mkdir(parents=True)
-    write_marker(
-        str(run_dir),
-        {"grid": grid.name, "scale": grid.scale, "axes": grid.axis_names(), "n_trials": len(points), "runs": [],
-         "points": {p.trial_id: p.params for p in points}},
-    )  # fmt: skip
-    for i, p in enumerate(points):
-        folder = run_dir / f"{TRIAL_PREFIX}{p.trial_id}"
-        folder.mkdir()
-        (folder / PARAMS_FILE).write_text(json.dumps(p.params, indent=2, sort_keys=True))
-        r2 = 0.9 - 0.1 * (p.params["latent_dim"] > 3) + 0.01 * i
-        rows = [
+    """batch_vs_dim at smoke scale, finished, written by hand, with R² that differ by d so compare has something
+    to tell."""
+
+    def rows(i, point):
+        r2 = 0.9 - 0.1 * (point.params["latent_dim"] > 3) + 0.01 * i
+        return [
             {"step": s, "training_iteration": n + 1, "r2": r2 * s / 10, "loss": 2.0 - s / 10, "time_total_s": s / 5}
             for n, s in enumerate((5, 10))
         ]
-        (folder / RESULT_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    finished_smoke_run(run_dir, rows)
     return run_dir
 
 

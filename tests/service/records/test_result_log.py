@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+from unfinished_runs import finished_smoke_run
+
 from ablate.service.execution.callbacks import ResultLog
 from ablate.service.records.record import TrialRecord
 from ablate.service.records.trial_log import append_row, cut_log, finished, intact_rows, last_step, read_rows
@@ -59,29 +61,6 @@ def test_a_replayed_report_replaces_the_rows_from_its_step_and_numbers_and_times
     assert rows[2]["r2"] == 0.7 and {r["trial_id"] for r in rows[2:]} == {"x"}
 
 
-def _hand_made_run(run_dir, steps: int = 10) -> list[str]:
-    """A finished smoke run of batch_vs_dim written by hand: its marker, and per point params.json and a log."""
-    from ablate.service.records.plan import grid_points
-    from ablate.service.records.rundir import PARAMS_FILE, RESULT_FILE, TRIAL_PREFIX, write_marker
-    from ablate.service.specs.grids import load_grid
-
-    grid = load_grid("batch_vs_dim", "smoke")
-    points = grid_points(grid)
-    run_dir.mkdir()
-    write_marker(
-        str(run_dir),
-        {"grid": grid.name, "scale": grid.scale, "axes": grid.axis_names(), "n_trials": len(points), "runs": [],
-         "points": {p.trial_id: p.params for p in points}},
-    )  # fmt: skip
-    for p in points:
-        folder = run_dir / f"{TRIAL_PREFIX}{p.trial_id}"
-        folder.mkdir()
-        (folder / PARAMS_FILE).write_text(json.dumps(p.params, indent=2, sort_keys=True))
-        rows = [{"step": s, "training_iteration": i + 1, "r2": s / 100} for i, s in enumerate(range(5, steps + 1, 5))]
-        _write(folder / RESULT_FILE, rows)
-    return [p.trial_id for p in points]
-
-
 def test_a_line_appended_twice_is_left_out_by_every_command_and_the_hint_says_what_resume_does(tmp_path):
     """It became status's latest report while export used another, and status's hint said --resume would run the
     reports again (it reuses the finished trial)."""
@@ -90,7 +69,7 @@ def test_a_line_appended_twice_is_left_out_by_every_command_and_the_hint_says_wh
     from ablate.service.records.rundir import RESULT_FILE, TRIAL_PREFIX
 
     run_dir = tmp_path / "run"
-    ids = _hand_made_run(run_dir)
+    ids = finished_smoke_run(run_dir)
     log = run_dir / f"{TRIAL_PREFIX}{ids[0]}" / RESULT_FILE
     log.write_text(log.read_text() + log.read_text().splitlines()[0] + "\n")  # report 1 once more, at the end
     status = run_status(run_dir)
