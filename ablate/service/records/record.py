@@ -146,10 +146,6 @@ class TrialRecord:
         (self.folder / STOPPED_FILE).unlink(missing_ok=True)
 
     # ---------------------------------------------------------------- lock and checkpoints
-    def lock(self) -> PidLock:
-        """The lock the trial holds on its folder while it trains (not taken yet)."""
-        return PidLock(self.folder / TRIAL_LOCK)
-
     def hold(self, on_wait: Callable[[LockHeld, float], None] | None = None, *, say_every_s: float = 300.0) -> PidLock:
         """Take the trial's lock (creating the folder), waiting while another process holds it; ``on_wait(held,
         seconds waited)`` at once and every ``say_every_s`` while it waits.
@@ -158,7 +154,7 @@ class TrialRecord:
         (:mod:`ablate.service.records.pidlock`), so a held lock is a live process training this very setting (a
         search that suggests a setting its run is training now), and waiting for it is the right thing to do."""
         self.make()
-        lock, started, said = self.lock(), time.monotonic(), -math.inf
+        lock, started, said = PidLock(self.folder / TRIAL_LOCK), time.monotonic(), -math.inf
         while True:
             try:
                 return lock.acquire()
@@ -168,10 +164,6 @@ class TrialRecord:
                     on_wait(held, now - started)
                     said = now
                 time.sleep(1.0)
-
-    def write_checkpoint(self, state: dict[str, Any], keep: int, logged: int | None = None) -> Path:
-        """:func:`ablate.service.records.trial.write_checkpoint` into this folder."""
-        return checkpoints.write_checkpoint(self.folder, state, keep, logged)
 
     def resume_point(
         self, covered: Callable[[dict[str, Any]], bool], map_location: Any = "cpu"
