@@ -9,6 +9,7 @@ evaluating never disturbs training and the same checkpoint always evaluates to t
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -17,7 +18,8 @@ from torch import Tensor
 from ablate.columns import lambda_hat_column, r2_block_column, r2_dim_column
 from ablate.config import RunConfig
 from ablate.core import dgp, metrics, parts
-from ablate.core.fixed_sampler import FixedShapeSampler
+from ablate.core.adam import HostCountedAdam
+from ablate.core.fixed_sampler import FixedShapeSampler, draw_ahead
 from ablate.core.losses import ContrastiveLoss, build_loss, floor_loss
 from ablate.core.prefetch import Prefetcher
 
@@ -97,7 +99,7 @@ class Experiment:
         loss_params = [p for p in self.loss.parameters() if p.requires_grad]
         if loss_params:
             groups.append({"params": loss_params, "lr": config.lr_lambda, "base_lr": config.lr_lambda})
-        self.optimizer = torch.optim.Adam(groups)
+        self.optimizer = HostCountedAdam(groups)  # torch.optim.Adam's numbers, with no value read per step
         self.data_rng = torch.Generator(device=self.device).manual_seed(config.seed + _DATA_STREAM)
         self._conditional = parts.build_conditional(config)
         self.step = 0
@@ -205,6 +207,22 @@ class Experiment:
             self.config.batch_size, self.data_rng, hard_negatives=self._hard_negatives_active(step)
         )
 
+    def _batches(self, steps: range):
+        """The batches of ``steps`` in order (a context manager): from the prefetch thread when it is on; else with
+        ``sampler: fixed`` and one DGP drawn ahead, one host read per chunk of batches
+        (:func:`.fixed_sampler.draw_ahead`, the same batches bit for bit); else one by one."""
+        if self.fixed_samplers is None or len(self.fixed_samplers) > 1 or self._prefetch:
+            return Prefetcher(self._training_batch, steps, enabled=self._prefetch)
+        rng, n = self.data_rng, self.config.batch_size
+        drawn = draw_ahead(self.fixed_samplers[0], [rng], n, steps, hard=self._hard_negatives_active)
+
+        def batches():
+            for (z, z_pos, neg), (after,) in drawn:
+                yield {"pairs": [(z[0], z_pos[0])], "negatives": None if neg is None else neg[0]}
+                rng.set_state(after)  # as after this batch: a stop between batches leaves the stream there
+
+        return nullcontext(batches())
+
     def train(self, n_steps: int) -> dict[str, float]:
         """Run ``n_steps`` optimisation steps; return the mean training loss and the step count.
 
@@ -214,7 +232,7 @@ class Experiment:
         self.encoder.train()
         losses = torch.empty(n_steps, device=self.device, dtype=self.dtype)
         steps = range(self.step, self.step + n_steps)
-        with Prefetcher(self._training_batch, steps, enabled=self._prefetch) as batches:
+        with self._batches(steps) as batches:
             for i, latents in enumerate(batches):
                 factor = self._lr_factor(self.step)
                 for group in self.optimizer.param_groups:
