@@ -33,6 +33,7 @@ from ablate.core import dgp
 
 __all__ = [
     "AHEAD_ELEMENTS",
+    "AHEAD_WASTE",
     "MAX_AHEAD",
     "MISS_RATE",
     "FixedShapeSampler",
@@ -46,6 +47,8 @@ MISS_RATE = 1e-6
 #: Batches drawn ahead per host read in :func:`draw_ahead`: at most this many, and at most this many elements of
 #: latents held at once.
 MAX_AHEAD, AHEAD_ELEMENTS = 32, 2**24
+#: The share of batches :func:`draw_ahead` may draw in vain (after a miss in their chunk) when it sizes a chunk.
+AHEAD_WASTE = 0.05
 #: The probe that measures the acceptance: anchors, candidates per anchor, and its own seed.
 _PROBE_ROWS, _PROBE_PER_ROW, _PROBE_SEED = 4096, 16, 20_261_128
 
@@ -116,6 +119,8 @@ class FixedShapeSampler:
     Attributes:
         candidates: each run's ``K`` for positives (and :attr:`negative_candidates` for hard negatives).
         misses: rows finished by the exact adaptive round since the sampler was built.
+        batches_read, batches_missed: batches whose miss flag :func:`draw_ahead` read, and how many of them missed
+            (its estimate of a batch's miss rate, which sizes its chunks).
     """
 
     def __init__(
@@ -136,6 +141,7 @@ class FixedShapeSampler:
             else [candidate_count(row.tolist(), threshold, batch_size * n_negatives) for row in negative_concentration]
         )
         self.misses = 0
+        self.batches_read = self.batches_missed = 0  # batches whose flag draw_ahead read, and those that missed
         self._valid_columns: dict[tuple[int, ...], Tensor] = {}
         self._member_rows: dict[tuple[int, ...], Tensor] = {}
 
@@ -254,14 +260,25 @@ def draw_ahead(
     generator's state after each, and their flags read together. Where batch j missed, the generators go back to
     their state after j, j is finished exactly (:meth:`FixedShapeSampler.finish`) and the batches after it are drawn
     again from there: the stream is the per-batch one. ``hard(step)``: whether that step's batch has hard negatives.
-    ``chunk`` (default): up to :data:`MAX_AHEAD` batches, holding at most :data:`AHEAD_ELEMENTS` latents.
+
+    ``chunk``: batches per read. By default it is sized so that the batches drawn in vain after a miss stay about
+    :data:`AHEAD_WASTE` of those drawn: a chunk of c batches that miss with probability q each wastes about q·c/2 of
+    them, so c = 2·AHEAD_WASTE / q, with q the share of batches that missed among those read so far
+    (:attr:`FixedShapeSampler.batches_missed`, starting from one miss in 40) and c at most :data:`MAX_AHEAD`
+    batches holding at most :data:`AHEAD_ELEMENTS` latents. Where candidates are capped by memory (d = 16 at batch
+    1024, where half the batches miss a row) that is one batch per read, as :meth:`FixedShapeSampler.draw`; where
+    misses are rare, the cap. The batches are the same at any chunk size; only the reads and the work differ.
     """
-    if chunk is None:
+    adapt = chunk is None
+    if adapt:
         k = sampler.lam.shape[0] if members is None else len(members)
         per_batch = k * n * sampler.lam.shape[1] * (2 + sampler.n_negatives)
-        chunk = max(1, min(MAX_AHEAD, AHEAD_ELEMENTS // max(per_batch, 1)))
+        cap = max(1, min(MAX_AHEAD, AHEAD_ELEMENTS // max(per_batch, 1)))
     todo = list(steps)
     while todo:
+        if adapt:
+            miss_rate = (sampler.batches_missed + 0.025) / (sampler.batches_read + 1)
+            chunk = max(1, min(cap, int(2 * AHEAD_WASTE / miss_rate)))
         pending = []
         for step in todo[: max(chunk, 1)]:
             batch = sampler.draw_pending(generators, n, members=members, hard_negatives=hard(step))
@@ -271,8 +288,11 @@ def draw_ahead(
             if pending[0][0].missed is None
             else torch.stack([b.missed for b, _ in pending]).tolist()  # the one host read of the chunk
         )
-        for j, ((batch, after), missed) in enumerate(zip(pending, flags)):
-            if missed:
+        first_miss = next((j for j, missed in enumerate(flags) if missed), None)
+        sampler.batches_read += len(pending) if first_miss is None else first_miss + 1
+        sampler.batches_missed += first_miss is not None
+        for j, (batch, after) in enumerate(pending):
+            if j == first_miss:
                 for g, state in zip(generators, after):
                     g.set_state(state)
                 yield sampler.finish(batch, generators), [g.get_state() for g in generators]
