@@ -358,12 +358,12 @@ def main(argv: list[str] | None = None) -> int:
             "ms per step with and without drawing the next batch in a second thread (1 torch thread)",
             bench_prefetch(20 if args.quick else 60),
         )
-    if "syncs" in parts:  # opt-in: host syncs and aten ops per pack step (benchmarks/step_ops.py)
+    if "syncs" in parts:  # opt-in: host syncs and aten ops per solo and pack step (benchmarks/step_ops.py)
         from benchmarks.step_ops import rows as sync_rows
 
         _print(
-            "host syncs and aten ops per pack step, batched path, B = 64, d = 10",
-            sync_rows([1, 8, 32], 64, 10, ["adaptive", "fixed"]),
+            "host syncs and aten ops per step, solo and packs on the batched path, B = 64, d = 10",
+            sync_rows([0, 1, 8, 32], 64, 10, ["adaptive", "fixed"]),
         )
     if "sampler" in parts:
         rows = [bench_sampler(d, lam) for d in (10, 20) for lam in (5.0, 25.0, 75.0)]

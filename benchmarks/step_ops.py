@@ -1,5 +1,5 @@
-"""`python -m benchmarks.step_ops [--batch B] [--dim D] [--packs 1,8,32] [--samplers adaptive,fixed]`: what one pack
-step asks of the host (also `python -m benchmarks --only syncs`).
+"""`python -m benchmarks.step_ops [--batch B] [--dim D] [--packs 0,1,8,32] [--samplers adaptive,fixed]`: what one
+training step asks of the host (also `python -m benchmarks --only syncs`).
 
 For a GPU the question is not the CPU time but how often a step makes the host wait for the device and how many
 operations it launches. Both are counted here on the CPU, from Python, so that they can be measured on any machine:
@@ -10,8 +10,8 @@ operations it launches. Both are counted here on the CPU, from Python, so that t
   host-to-device copy on a GPU);
 - **aten ops**: every ATen operation the step dispatches (each a kernel launch on a GPU).
 
-Both are counted per step of a pack of k members on the batched path a GPU takes (``solo_kernels`` off), against
-a pack of 1, for each sampler (``RunConfig.sampler``); the syncs of a ``train`` call (once per report) apart. The
+Both are counted per step of a solo run (``Experiment``, "pack of 0" on the command line) and of a pack of k members
+on the batched path a GPU takes (``solo_kernels`` off), against a pack of 1, for each sampler (``RunConfig.sampler``); the syncs of a ``train`` call (once per report) apart. The
 CPU time per step at tiny shapes (batch 16, d = 3) is the host's own work per step; the prototype of 2026-11-26
 (benchmarks/batched.py) kept the op count flat in k.
 """
@@ -86,7 +86,9 @@ class AtenOps(TorchDispatchMode):
 
 
 def _pack(k: int, batch: int, dim: int, sampler: str):
+    """A pack of ``k`` on the batched path, prefetch off, warmed up; ``k = 0``: a solo ``Experiment`` (prefetch off)."""
     from ablate.config import RunConfig
+    from ablate.core.experiment import Experiment
     from ablate.core.pack import PackedExperiment
 
     configs = [
@@ -99,13 +101,16 @@ def _pack(k: int, batch: int, dim: int, sampler: str):
             device="cpu",
             sampler=sampler,
         )
-        for i in range(k)
+        for i in range(max(k, 1))
     ]
-    pack = PackedExperiment(configs)
-    pack.solo_kernels = False
-    pack.prefetch = False
-    pack.train(1)  # warm-up: lazily built state
-    return pack
+    if k == 0:
+        run = Experiment(configs[0])
+    else:
+        run = PackedExperiment(configs)
+        run.solo_kernels = False
+    run.prefetch = False
+    run.train(1)  # warm-up: lazily built state
+    return run
 
 
 def _counted(pack, steps: int) -> tuple[Counter, int]:
@@ -116,7 +121,7 @@ def _counted(pack, steps: int) -> tuple[Counter, int]:
 
 
 def count_pack_step(k: int, batch: int, dim: int, steps: int = 4, sampler: str = "adaptive") -> dict:
-    """Host syncs and aten ops of a pack of ``k`` AnInfoNCE members on the batched path, prefetch off, drawing with
+    """Host syncs and aten ops of a pack of ``k`` AnInfoNCE members (0: a solo run) on the batched path, prefetch off, drawing with
     ``sampler`` (RunConfig.sampler): per step (the difference between a call of ``steps + 1`` steps and one of 1,
     divided by ``steps``) and per ``train`` call (the kinds of read that more steps do not add to: once per report)."""
     one_syncs, one_ops = _counted(_pack(k, batch, dim, sampler), 1)
@@ -136,7 +141,8 @@ def count_pack_step(k: int, batch: int, dim: int, steps: int = 4, sampler: str =
 
 
 def cpu_ms_per_step(k: int, sampler: str, batch: int = 16, dim: int = 3, steps: int = 200) -> float:
-    """CPU ms per step of a pack of ``k`` at tiny shapes (the host's own work: Python and op dispatch), best of 3."""
+    """CPU ms per step of a pack of ``k`` (0: a solo run) at tiny shapes (the host's own work: Python and op
+    dispatch), best of 3."""
     pack = _pack(k, batch, dim, sampler)
     best = float("inf")
     for _ in range(3):
@@ -151,12 +157,12 @@ def rows(packs: list[int], batch: int, dim: int, samplers: list[str]) -> list[di
     out = []
     for sampler in samplers:
         counted = [count_pack_step(k, batch, dim, sampler=sampler) for k in packs]
-        base = counted[0]["aten_ops_per_step"]
+        base = next((r for r in counted if r["k"] == 1), counted[0])["aten_ops_per_step"]
         for r in counted:
             out.append(
                 {
                     "sampler": sampler,
-                    "pack_of": r["k"],
+                    "pack_of": r["k"] or "solo",
                     "syncs_per_step": r["host_syncs_per_step"],
                     "syncs_per_call": r["host_syncs_per_call"],
                     "aten_ops_per_step": r["aten_ops_per_step"],
@@ -172,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.step_ops")
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--dim", type=int, default=10)
-    p.add_argument("--packs", default="1,8,32")
+    p.add_argument("--packs", default="0,1,8,32", help="pack sizes, comma-separated; 0 is a solo Experiment")
     p.add_argument("--samplers", default="adaptive,fixed", help="RunConfig.sampler values, comma-separated")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
