@@ -8,7 +8,9 @@ settings (TERMINATED, column ``stopped_early``; ``ablate status`` counts it as f
 ended at another step, so its last report is not comparable with a finished trial's final value. Every final value
 (``ablate compare`` at ``final``, the claims, the report's grid points and final-value panels) is read from
 :func:`finished_only`'s table, and every trial left out is named with why (:func:`unfinished_trials`) in one line
-worded by :func:`left_out_line`.
+worded by :func:`left_out_line`. A trial whose params.json disagrees with the run's record of its point (edited by
+hand) is not read at all (:meth:`ablate.service.records.reader.RunReader.disagreeing`); every command that leaves it
+out says so in one line too (:func:`edited_line`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ __all__ = [
     "FINISHED_STATUSES",
     "NAMED_LEFT_OUT",
     "STOPPED_EARLY_WORDS",
+    "edited_line",
     "final_values",
     "finished_only",
     "left_out_line",
@@ -86,3 +89,15 @@ def left_out_line(left_out: dict[str, str], why: str) -> str:
     named = "; ".join(f"{t} ({reason})" for t, reason in list(left_out.items())[:NAMED_LEFT_OUT])
     more = f"; … and {len(left_out) - NAMED_LEFT_OUT} more" if len(left_out) > NAMED_LEFT_OUT else ""
     return f"left out: {len(left_out)} trial(s) that did not finish ({why}): {named}{more}"
+
+
+def edited_line(trials: list[str]) -> str:
+    """One line: how many trials were left out because their params.json disagrees with the run's record of their
+    point, the first :data:`NAMED_LEFT_OUT` named (the report's and compare's words); "" when there are none."""
+    if not trials:
+        return ""
+    more = " …" if len(trials) > NAMED_LEFT_OUT else ""
+    return (
+        f"{len(trials)} trial(s) left out: their params.json disagrees with the run's record of their point "
+        f"(edited by hand?): {', '.join(trials[:NAMED_LEFT_OUT])}{more}"
+    )

@@ -8,7 +8,7 @@ from typing import Any
 
 from ablate.analysis.text import text_table
 
-__all__ = ["add_compare_parser", "cmd_compare", "compare_rows", "left_out_line"]
+__all__ = ["add_compare_parser", "cmd_compare", "compare_rows", "left_out_line", "left_out_notes"]
 
 
 def _ci(lo: float, hi: float) -> str:
@@ -46,8 +46,18 @@ def left_out_line(left_out: dict[str, str]) -> str:
     return line(left_out, LEFT_OUT_WHY)
 
 
+def left_out_notes(edited: list[str], unfinished: dict[str, str]) -> list[str]:
+    """The lines naming the trials compare leaves out, as the report words them: those whose params.json
+    disagrees with the run's record (``edited``, never read: :func:`ablate.analysis.finished.edited_line`), then
+    those that did not finish (``unfinished``, at ``final``: :func:`left_out_line`); none when every trial counts."""
+    from ablate.analysis.finished import edited_line
+
+    return [line for line in (edited_line(edited), left_out_line(unfinished) if unfinished else "") if line]
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
-    """Print every pairwise difference of ``--by``'s levels (see :func:`ablate.analysis.compare.compare`)."""
+    """Print every pairwise difference of ``--by``'s levels (see :func:`ablate.analysis.compare.compare`), after a
+    line for each kind of trial left out of them (:func:`left_out_notes`)."""
     from ablate.analysis.compare import BOOT_SEED, N_BOOT, compare
     from ablate.analysis.run import load_run
 
@@ -60,9 +70,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         f"difference = mean(a) − mean(b) over seeds; the verdict reads Welch's t interval (needs ≥ 2 seeds a side); "
         f"bootstrap: {N_BOOT} resamples of each side's seeds, seed {BOOT_SEED}"
     )
-    left_out = table.attrs.get("left_out") or {}
-    if left_out:
-        print(left_out_line(left_out))
+    for note in left_out_notes(run.left_out, table.attrs.get("left_out") or {}):
+        print(note)
     if table.empty:
         print(f"no two levels of {args.by} to compare (one level, or no finished reports yet)")
         return 0

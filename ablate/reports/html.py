@@ -19,7 +19,7 @@ from typing import Any
 import pandas as pd
 
 from ablate.analysis.compare import point_table
-from ablate.analysis.finished import left_out_line, unfinished_trials
+from ablate.analysis.finished import edited_line, left_out_line, unfinished_trials
 from ablate.analysis.run import Run, generator_table, nothing_left_to_run, trial_table
 from ablate.analysis.status import last_run
 from ablate.reports.panels import PANELS, PanelResult
@@ -194,14 +194,9 @@ def run_state(counts: dict[str, int], finished: bool, live: bool) -> str:
 
 def edited_note(run: Run) -> str:
     """The report's line naming the trials left out because their params.json disagrees with the run's record
-    (the same words on the page and from `ablate report`); "" when there are none."""
-    if not run.left_out:
-        return ""
-    more = " …" if len(run.left_out) > 10 else ""
-    return (
-        f"{len(run.left_out)} trial(s) left out: their params.json disagrees with the run's record of their point "
-        f"(edited by hand?): {', '.join(run.left_out[:10])}{more}"
-    )
+    (the same words on the page, from `ablate report` and from `ablate compare`,
+    :func:`ablate.analysis.finished.edited_line`); "" when there are none."""
+    return edited_line(run.left_out)
 
 
 def left_out_note(run: Run) -> str:

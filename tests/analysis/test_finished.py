@@ -93,3 +93,42 @@ def test_nothing_left_to_run_is_not_every_trial_finished(tmp_path):
 
     searched = load_run(searched_run(tmp_path / "search"))  # ASHA stopped two: nothing left, two without a final
     assert nothing_left_to_run(searched) and unfinished_trials(searched.df) == SEARCH_LEFT_OUT
+
+
+def _compared(out: str) -> dict[str, str]:
+    """``a − b`` → its printed row, of each pair of levels `ablate compare` printed."""
+    return {" ".join(line.split()[:3]): line for line in out.splitlines() if line.split()[1:2] == ["−"]}
+
+
+def test_compare_at_final_reads_finished_trials_only_and_says_how_many_it_left_out(tmp_path, capsys):
+    """issue 36: `ablate compare` compared an errored trial's last step with finished trials' final values without
+    a word. The user's steps on a run folder built by hand: ``ablate compare RUN --by variant`` leaves out the
+    errored, the interrupted and the scheduler-stopped trial, prints one line that counts and names them (the
+    report's words, worded for compare), and its numbers are the finished trials' alone; ``--at 10`` compares
+    every trial that reported at step 10, and leaves none out."""
+    from scipy import stats
+    from unfinished_runs import SCHEDULER_STOPPED
+
+    from ablate import cli
+    from ablate.cli.compare import LEFT_OUT_WHY
+
+    run_dir = str(unfinished_run(tmp_path / "run", scheduler_stopped=True))
+    assert cli.main(["compare", run_dir, "--by", "variant"]) == 0
+    out = capsys.readouterr().out
+    left_out = {**LEFT_OUT, SCHEDULER_STOPPED: "stopped early by the scheduler at step 10"}
+    assert [x for x in out.splitlines() if "left out" in x] == [
+        left_out_line(dict(sorted(left_out.items())), LEFT_OUT_WHY)
+    ]
+    assert "left out: 3 trial(s) that did not finish (" in out
+    rows = _compared(out)
+    ensemble = rows["aninfonce − ensemble"]  # ensemble_0 (errored; 0.3 at step 10) is not pooled with ensemble_1
+    assert "2 vs 1" in ensemble and "0.9200 vs 0.9800" in ensemble and "n=1: too few seeds to tell" in ensemble
+    infonce = rows["aninfonce − infonce"]  # infonce_3 (0.1 when ASHA stopped it) and aninfonce_2 (0.2) left out
+    ci = stats.ttest_ind([0.91, 0.93], [0.48, 0.52, 0.47], equal_var=False).confidence_interval()
+    assert "2 vs 3" in infonce and "0.9200 vs 0.4900" in infonce and f"[{ci.low:+.4f}, {ci.high:+.4f}]" in infonce
+
+    assert cli.main(["compare", run_dir, "--by", "variant", "--at", "10"]) == 0  # one step: every trial at it
+    out = capsys.readouterr().out
+    assert "left out" not in out
+    at_10 = _compared(out)
+    assert "3 vs 4" in at_10["aninfonce − infonce"] and "3 vs 2" in at_10["aninfonce − ensemble"]
