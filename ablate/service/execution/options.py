@@ -9,12 +9,14 @@ and the printed resume command (:func:`resume_words`).
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ablate.config import ConfigError, quote
 from ablate.service.specs.grid import DEFAULT_SCALE, SCALES
+from ablate.service.specs.presets import PRESET_FILE_SUFFIXES
 
 __all__ = ["RunOptions", "add_run_options", "build_options", "command_options", "options_from_args", "resume_words"]
 
@@ -256,7 +258,8 @@ def options_from_args(args: argparse.Namespace, **changes: Any) -> RunOptions:
 
 def resume_words(options: RunOptions, command: Command = "run") -> list[str]:
     """The flags that repeat ``options`` in a command line (the resume command; `ablate slurm`'s run): each field
-    that the command takes and the resume command repeats, where it differs from its default."""
+    that the command takes and the resume command repeats, where it differs from its default. A preset file is
+    named by its absolute path, so the command works from any folder (a job starts in another)."""
     words: list[str] = []
     for name, field in RunOptions.model_fields.items():
         extra = _extra(name)
@@ -265,6 +268,8 @@ def resume_words(options: RunOptions, command: Command = "run") -> list[str]:
             continue
         if value == field.default and not extra.get("always"):
             continue
+        if name == "preset" and Path(value).suffix in PRESET_FILE_SUFFIXES:  # a preset file, named from anywhere
+            value = str(Path(value).expanduser().resolve())
         if isinstance(value, bool):
             words.append(_flag(name))
         elif isinstance(value, list):

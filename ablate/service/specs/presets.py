@@ -26,7 +26,18 @@ from ablate.config import ConfigError, RunConfig, did_you_mean
 from ablate.service.specs.base import Settings, Spec, parse_spec, read_yaml
 from ablate.shipped import PRESETS, shipped_files
 
-__all__ = ["Preset", "PresetError", "PresetFile", "known_presets", "load_preset", "scale_presets"]
+__all__ = [
+    "PRESET_FILE_SUFFIXES",
+    "Preset",
+    "PresetError",
+    "PresetFile",
+    "known_presets",
+    "load_preset",
+    "scale_presets",
+]
+
+#: A preset named with one of these suffixes is a file (by its path), anything else a shipped preset's name.
+PRESET_FILE_SUFFIXES = (".yaml", ".yml")
 
 
 class PresetFile(Spec):
@@ -66,7 +77,7 @@ def known_presets() -> dict[str, Path]:
 def load_preset(name_or_path: str) -> Preset:
     """Load and validate a shipped preset by name, or a preset YAML file by path."""
     path = Path(name_or_path)
-    if path.suffix not in (".yaml", ".yml"):
+    if path.suffix not in PRESET_FILE_SUFFIXES:
         presets = known_presets()
         if name_or_path not in presets:
             raise PresetError(

@@ -126,6 +126,16 @@ def test_a_preset_file_names_the_job_as_it_names_the_run(tmp_path):
     assert job.name == "batch_vs_dim-smoke-mine"
 
 
+def test_a_preset_file_given_relative_is_named_absolutely_in_the_script(tmp_path, monkeypatch):
+    """The job starts in another folder (SLURM's), so a preset file given relative to this one would not be found
+    there: the script's `ablate run` names it by its absolute path, as it names a grid file."""
+    (tmp_path / "mine.yaml").write_text("settings: {lr: 0.01}\n")
+    monkeypatch.chdir(tmp_path)
+    text = render_script(_job(tmp_path / "runs", preset="mine.yaml"))
+    assert f"--preset {tmp_path.resolve() / 'mine.yaml'}" in text and "--preset mine.yaml" not in text
+    assert "--preset fast" in render_script(_job(tmp_path / "runs", preset="fast")), "a shipped preset stays a name"
+
+
 def test_a_pack_of_an_optuna_search_is_refused_before_the_script(tmp_path):
     with pytest.raises(RunError, match="--pack 4: tune_aninfonce is an Optuna search"):
         slurm_job("tune_aninfonce", scale="smoke", storage=str(tmp_path / "s"), pack=4)
