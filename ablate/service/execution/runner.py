@@ -34,7 +34,6 @@ from ablate.service.records.rundir import (
     MARKER_TIME_FORMAT,
     RUN_MARKER,
     RunError,
-    check_writable,
     is_remote,
     remove_file,
     resolve_run_dir,
@@ -225,7 +224,7 @@ def _run_locked(
 
 
 def _open_record(grid: Grid, opts: RunOptions, run_dir: str, pack: int) -> tuple[bool, int]:
-    """Check that ``run_dir`` may take this run (local and writable; a run of the same kind, or a new folder;
+    """Check that ``run_dir`` may take this run (local; a run of the same kind, or a new folder;
     ``--resume`` only where a run is) and tidy what a killed driver left. Returns (whether the run existed, the
     pack size: the one the run was made with, where it exists)."""
     if is_remote(run_dir):
@@ -234,8 +233,7 @@ def _open_record(grid: Grid, opts: RunOptions, run_dir: str, pack: int) -> tuple
             "driver and every trial read and write; use a local folder, or one shared by every node (NFS, a SLURM "
             "cluster's shared storage)"
         )
-    check_writable(opts.storage)
-    exists = Path(run_dir, RUN_MARKER).is_file()
+    exists = Path(run_dir, RUN_MARKER).is_file()  # the storage was found writable as the driver lock was taken
     foreign = Path(run_dir).is_dir() and any(p.name != DRIVER_LOCK for p in Path(run_dir).iterdir())
     if not exists and foreign:
         raise RunError(
