@@ -186,7 +186,9 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    from ablate.analysis.finished import edited_line
     from ablate.analysis.results import NothingToExport, export_results
+    from ablate.service.records.reader import RunReader
     from ablate.service.records.rundir import is_remote
 
     run_dir = args.run_dir
@@ -194,6 +196,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     out = args.out or (run_dir.rstrip("/") + "/" + name if is_remote(run_dir) else str(Path(run_dir) / name))
     try:
         print(f"wrote {export_results(args.run_dir, out, args.grid)}")
+        edited = edited_line(RunReader(args.run_dir, args.grid).disagreeing())
+        if edited:  # as report and compare say it: those trials are not in the table
+            print(edited)
     except NothingToExport as exc:  # a run that started but has no report: say so, exit 1, write no empty table
         print(f"ablate: {exc}", file=sys.stderr)
         return 1

@@ -75,9 +75,10 @@ def test_the_status_hint_after_a_hand_edited_params_json_says_what_the_plan_deci
         assert json.loads((run_dir / f"{TRIAL_PREFIX}{tid}" / PARAMS_FILE).read_text()) == recorded[tid]
 
 
-def test_compare_says_which_trials_it_leaves_out_for_a_hand_edited_params_json(tmp_path, capsys):
-    """`ablate compare` left a hand-edited trial out without a word (the status hint says "left out of … compare"):
-    it prints the report's line naming it, at ``final`` and at a step, and compares the other trials."""
+def test_compare_and_export_say_which_trials_they_leave_out_for_a_hand_edited_params_json(tmp_path, capsys):
+    """`ablate compare` and `ablate export` left a hand-edited trial out without a word (the status hint says "left
+    out of export, report and compare"): each prints the report's line naming it (compare at ``final`` and at a
+    step), and reads the other trials."""
     run_dir = tmp_path / "batch_vs_dim-smoke"
     ids = finished_smoke_run(run_dir, lambda i, p: [{"step": 10, "training_iteration": 1, "r2": 0.5 + i / 10}])
     path = run_dir / f"{TRIAL_PREFIX}{ids[0]}" / PARAMS_FILE
@@ -94,3 +95,6 @@ def test_compare_says_which_trials_it_leaves_out_for_a_hand_edited_params_json(t
         assert out.count("16 − 32") == 1 and "1 vs 1" in out  # latent_dim 3 only: its point at 6 lost a trial
     assert cli.main(["report", str(run_dir), "--out", str(tmp_path / "r.html")]) == 0
     assert line in capsys.readouterr().out.splitlines(), "the report's words, word for word"
+    assert cli.main(["export", str(run_dir), "--out", str(tmp_path / "r.csv")]) == 0
+    assert capsys.readouterr().out.splitlines()[1:] == [line], "export says it too"
+    assert ids[0] not in (tmp_path / "r.csv").read_text()
