@@ -5,17 +5,15 @@ BIN    := $(VENV)/bin
 # CPU wheel by default; GPU users: make TORCH_SPEC="torch==2.13.0" TORCH_INDEX=https://download.pytorch.org/whl/cu128
 TORCH_SPEC  ?= torch==2.13.0
 TORCH_INDEX ?=
-# no .pyc at install: Python writes them on first import, for the modules used (saves ~50 s per venv; CI builds two)
-PIP_FLAGS ?= --no-compile
 
 .PHONY: setup run test test-fast test-ray-low lint docs clean
 
 $(BIN)/ablate: pyproject.toml examples/ablate-align-uniform/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q $(PIP_FLAGS) --upgrade pip
-	$(BIN)/python -m pip install -q $(PIP_FLAGS) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install -q $(PIP_FLAGS) -e ".[test]"
-	$(BIN)/python -m pip install -q $(PIP_FLAGS) --no-deps -e examples/ablate-align-uniform  # the plugin example the tests run
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install -q -e ".[test]"
+	$(BIN)/python -m pip install -q --no-deps -e examples/ablate-align-uniform  # the plugin example the tests run
 	touch $(BIN)/ablate
 
 setup: $(BIN)/ablate
@@ -35,10 +33,10 @@ RAY_LOW ?= 2.52.0
 LOW     := .venv-ray-low/bin
 $(LOW)/ablate: pyproject.toml examples/ablate-align-uniform/pyproject.toml
 	$(PYTHON) -m venv .venv-ray-low
-	$(LOW)/python -m pip install -q $(PIP_FLAGS) --upgrade pip
-	$(LOW)/python -m pip install -q $(PIP_FLAGS) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH_SPEC)"
-	$(LOW)/python -m pip install -q $(PIP_FLAGS) -e ".[test]" "ray[tune,default]==$(RAY_LOW)"
-	$(LOW)/python -m pip install -q $(PIP_FLAGS) --no-deps -e examples/ablate-align-uniform
+	$(LOW)/python -m pip install -q --upgrade pip
+	$(LOW)/python -m pip install -q $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH_SPEC)"
+	$(LOW)/python -m pip install -q -e ".[test]" "ray[tune,default]==$(RAY_LOW)"
+	$(LOW)/python -m pip install -q --no-deps -e examples/ablate-align-uniform
 	touch $(LOW)/ablate
 
 # the contract with the lowest Ray: one test per part of Ray's API that ablate uses (a grid through the Tuner with
