@@ -187,7 +187,12 @@ def finished_smoke_run(run_dir: Path, rows_of=None) -> list[str]:
     from ablate.service.specs.grids import load_grid
 
     grid = load_grid("batch_vs_dim", "smoke")
-    points = grid_points(grid)
+    return hand_made_run(run_dir, grid, grid_points(grid), rows_of)
+
+
+def hand_made_run(run_dir: Path, grid, points, rows_of=None) -> list[str]:
+    """A run of ``grid`` holding ``points`` (:func:`ablate.service.records.plan.grid_points`), written by hand as
+    :func:`finished_smoke_run` says. Returns the trial ids in order."""
     run_dir.mkdir(parents=True)
     write_marker(
         str(run_dir),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from unfinished_runs import finished_smoke_run
+from unfinished_runs import finished_smoke_run, hand_made_run
 
 from ablate.service.execution.callbacks import ResultLog
 from ablate.service.records.record import TrialRecord
@@ -90,7 +90,6 @@ def test_a_science_set_beside_the_old_points_is_a_column_and_a_level_compare_kee
     from ablate.analysis.compare import compare
     from ablate.analysis.results import load_results
     from ablate.service.records.plan import grid_points
-    from ablate.service.records.rundir import PARAMS_FILE, RESULT_FILE, TRIAL_PREFIX, write_marker
     from ablate.service.specs.grids import load_grid
 
     points = []
@@ -100,17 +99,7 @@ def test_a_science_set_beside_the_old_points_is_a_column_and_a_level_compare_kee
             grid.apply_settings({"lr": lr}, "--set", axes_win=False)
         points += grid_points(grid)
     run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    write_marker(
-        str(run_dir),
-        {"grid": "batch_vs_dim", "scale": "smoke", "axes": grid.axis_names(), "n_trials": len(points), "runs": [],
-         "points": {p.trial_id: p.params for p in points}},
-    )  # fmt: skip
-    for i, p in enumerate(points):
-        folder = run_dir / f"{TRIAL_PREFIX}{p.trial_id}"
-        folder.mkdir()
-        (folder / PARAMS_FILE).write_text(json.dumps(p.params, indent=2, sort_keys=True))
-        _write(folder / RESULT_FILE, [{"step": 10, "training_iteration": 1, "r2": 0.1 * (i + 1)}])
+    hand_made_run(run_dir, grid, points, lambda i, p: [{"step": 10, "training_iteration": 1, "r2": 0.1 * (i + 1)}])
     df = load_results(run_dir)
     assert "lr" in df.attrs["axes"] and sorted(df["lr"].unique()) == [0.0001, 0.001]
     pairs = compare(df, by="latent_dim")
