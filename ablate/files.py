@@ -46,7 +46,7 @@ class WriteError(OSError):
 
 
 #: Temporary files of :func:`atomic_write` are named ``.<name>.tmp-<pid>`` (swept at resume once <pid> is dead).
-_TEMP_FILE = re.compile(r"^\..+\.tmp-(?P<pid>\d+)$")
+TEMP_FILE = re.compile(r"^\..+\.tmp-(?P<pid>\d+)$")
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[Path], Any]) -> None:
@@ -83,7 +83,7 @@ def sweep_stale_temps(run_dir: str | os.PathLike) -> list[str]:
     root, removed = Path(str(run_dir).removeprefix("file://")), []
     for folder, _dirs, files in os.walk(root):
         base = Path(folder)
-        for name in [n for n in files if (m := _TEMP_FILE.match(n)) and not _pid_alive(int(m["pid"]))]:
+        for name in [n for n in files if (m := TEMP_FILE.match(n)) and not _pid_alive(int(m["pid"]))]:
             with contextlib.suppress(OSError):
                 (base / name).unlink()
                 removed.append(str((base / name).relative_to(root)))

@@ -1,14 +1,13 @@
-"""Reading a run directory back, on local disk or at a pyarrow file-system URI (``s3://``, ``gs://``): :class:`RunReader`
-(the marker, the points, each trial's params, log and status) and :func:`read_marker`. Nothing here writes."""
+"""Reading a run directory back, on local disk or at a pyarrow file-system URI (``s3://``, ``gs://``), through its
+:class:`~ablate.service.records.store.Store`: :class:`RunReader` (the marker, the points, each trial's params, log
+and status) and :func:`read_marker`. Nothing here writes."""
 
 from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 from typing import Any
 
-from ablate.files import is_remote, local_path
 from ablate.marker import marker_problem
 from ablate.service.records.pidlock import lock_holder
 from ablate.service.records.rundir import (
@@ -25,63 +24,33 @@ from ablate.service.records.rundir import (
     TRIAL_PREFIX,
     RunError,
 )
+from ablate.service.records.store import LocalStore, Store, open_store
 from ablate.service.records.trial_log import ERROR_KEY, failure_count, finished, intact_rows, trial_status
 
 __all__ = ["RunReader", "read_marker"]
 
 
 class RunReader:
-    """Reads the text files of a run directory on local disk or any pyarrow filesystem URI (s3://, gs://)."""
+    """Reads the text files of a run directory on local disk or any pyarrow filesystem URI (s3://, gs://), through
+    its store (:func:`~ablate.service.records.store.open_store`)."""
 
-    def __init__(self, run_dir: str | os.PathLike, grid: str | None = None):
-        """``grid``: read the points of that grid of a run that holds several (default: the grid it ran last)."""
-        self.uri, self.grid = str(run_dir), grid
-        if is_remote(self.uri):
-            import pyarrow.fs as pafs
-
-            self.fs, self.root = pafs.FileSystem.from_uri(self.uri)
-        else:
-            self.fs, self.root = None, str(local_path(self.uri))
-
-    def _join(self, *parts: str) -> str:
-        return "/".join([self.root.rstrip("/"), *parts])
+    def __init__(self, run_dir: str | os.PathLike | Store, grid: str | None = None):
+        """``run_dir``: a path, a URI or a :class:`~ablate.service.records.store.Store`; ``grid``: read the points of
+        that grid of a run that holds several (default: the grid it ran last)."""
+        self.store = run_dir if isinstance(run_dir, Store) else open_store(run_dir)
+        self.uri, self.grid = self.store.uri, grid
 
     def read_text(self, *parts: str) -> str | None:
         """A file's text, or None if it does not exist."""
-        path = self._join(*parts)
-        if self.fs is None:
-            p = Path(path)
-            return p.read_text() if p.is_file() else None
-        import pyarrow.fs as pafs
-
-        if self.fs.get_file_info(path).type != pafs.FileType.File:
-            return None
-        with self.fs.open_input_stream(path) as f:
-            return f.read().decode()
-
-    def _entries(self, prefix: str, directories: bool) -> list[str]:
-        if self.fs is None:
-            root = Path(self.root)
-            if not root.is_dir():
-                return []
-            return sorted(
-                p.name
-                for p in root.iterdir()
-                if (p.is_dir() if directories else p.is_file()) and p.name.startswith(prefix)
-            )
-        import pyarrow.fs as pafs
-
-        kind = pafs.FileType.Directory if directories else pafs.FileType.File
-        infos = self.fs.get_file_info(pafs.FileSelector(self.root))
-        return sorted(i.base_name for i in infos if i.type == kind and i.base_name.startswith(prefix))
+        return self.store.read_text("/".join(parts))
 
     def list_dirs(self, prefix: str = "") -> list[str]:
         """Names of sub-folders of the run directory starting with ``prefix``."""
-        return self._entries(prefix, directories=True)
+        return [n for n in self.store.list(dirs=True) if n.startswith(prefix)]
 
     def list_files(self, prefix: str) -> list[str]:
         """Names of files in the run directory starting with ``prefix``."""
-        return self._entries(prefix, directories=False)
+        return [n for n in self.store.list(dirs=False) if n.startswith(prefix)]
 
     @staticmethod
     def trial_name(trial_id: str) -> str:
@@ -175,7 +144,7 @@ class RunReader:
 
     def driver_live(self) -> bool:
         """Whether an `ablate run` is writing the run now: it holds :data:`DRIVER_LOCK` and no Ctrl-C stopped it."""
-        live = self.fs is None and lock_holder(self._join(DRIVER_LOCK)) is not None
+        live = isinstance(self.store, LocalStore) and lock_holder(self.store.join(DRIVER_LOCK)) is not None
         return live and self.read_text(INTERRUPTED_FILE) is None
 
     def trial_states(self) -> dict[str, dict[str, Any]]:

@@ -2,72 +2,32 @@
 `report`, `compare` and `claims` read a run directory at an ``s3://`` URI as they read it on disk.
 
 The store is a real S3 server (moto's standalone server, as Ray's own storage tests use) that the test starts on
-127.0.0.1, reached through pyarrow's S3 client with the endpoint in the URI, as a researcher would name MinIO or
-a cloud bucket. Writing a run there (`ablate run --storage s3://…`) is not built yet and is refused in one line.
+127.0.0.1 (tests/s3_server.py), reached through pyarrow's S3 client with the endpoint in the URI, as a researcher
+would name MinIO or a cloud bucket. Writing a run there (`ablate run --storage s3://…`) is not built yet and is
+refused in one line.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pandas as pd
 import pytest
+from s3_server import s3_server
 from unfinished_runs import finished_smoke_run
 
 from ablate import cli
 from ablate.analysis.results import load_results
 
-_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1"}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 @pytest.fixture(scope="module")
 def s3_store(tmp_path_factory):
-    """An S3 server on 127.0.0.1 with an empty bucket ``runs``; yields the URI query that reaches it."""
-    server = shutil.which("moto_server") or str(Path(sys.executable).with_name("moto_server"))
-    if not Path(server).exists():
-        pytest.fail("moto_server is missing: `pip install -e .[test]` installs moto[server]")
-    port = _free_port()
-    log = tmp_path_factory.mktemp("moto") / "server.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen([server, "-H", "127.0.0.1", "-p", str(port)], stdout=out, stderr=subprocess.STDOUT)
-    saved = {k: os.environ.get(k) for k in _CREDENTIALS}
-    os.environ.update(_CREDENTIALS)
-    try:
-        import pyarrow.fs as pafs
-
-        deadline = time.time() + 30
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=1):
-                    break
-            except OSError:
-                assert proc.poll() is None and time.time() < deadline, log.read_text()
-                time.sleep(0.1)
-        admin = pafs.S3FileSystem(
-            endpoint_override=f"127.0.0.1:{port}", scheme="http", region="us-east-1", allow_bucket_creation=True
-        )
-        admin.create_dir("runs")
-        yield f"endpoint_override=127.0.0.1:{port}&scheme=http&region=us-east-1"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    """An S3 server on 127.0.0.1 with an empty bucket ``runs`` (:func:`s3_server.s3_server`); yields the URI query
+    that reaches it."""
+    with s3_server(tmp_path_factory.mktemp("moto")) as query:
+        yield query
 
 
 def _finished_run(run_dir: Path) -> Path:
