@@ -66,6 +66,40 @@ def test_an_overwrite_replaces_the_whole_file(store):
     assert store.read_bytes("result.json") == b"" and store.list(dirs=False) == ["result.json"]
 
 
+def test_a_file_read_while_it_is_replaced_reads_whole_old_or_new(store):
+    """A log rewritten at each report, read by `ablate status` meanwhile: each read is one version whole. (pyarrow
+    reads an S3 object as a HEAD and a GET of the HEAD's length: unchecked, a replacement of another length in
+    between came back cut or padded with zero bytes.)"""
+    import threading
+
+    versions = [b'{"step": 5}\n' * 9, b'{"step": 10}\n' * 9]  # lengths differ
+    store.write_bytes("result.json", versions[0])
+    done = threading.Event()
+
+    def rewrite():
+        i = 0
+        while not done.is_set():  # back to back: far more often than any log, so that reads overlap writes
+            i += 1
+            store.write_bytes("result.json", versions[i % 2])
+
+    def read() -> bytes | str:
+        try:
+            return store.read_bytes("result.json")
+        except OSError as exc:  # ArrowStore: the size changed during each of its reads; said, never a torn copy
+            assert "changed size during each of" in str(exc), exc
+            return "gave up"
+
+    writer = threading.Thread(target=rewrite)
+    writer.start()
+    try:
+        reads = [read() for _ in range(40)]  # unchecked, about one in six came back torn
+    finally:
+        done.set()
+        writer.join()
+    assert all(r in versions or r == "gave up" for r in reads), [r for r in reads if r not in versions][:3]
+    assert any(r in versions for r in reads), reads[:3]
+
+
 def test_list_names_the_direct_files_or_folders_of_a_folder(store):
     for key in ("ablate_run.json", "provenance.jsonl", "trial_b/params.json", "trial_a/result.json",
                 "trial_a/checkpoint_5/state.pt", "trial_a/checkpoint_10/state.pt"):  # fmt: skip
