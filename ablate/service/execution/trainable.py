@@ -217,7 +217,7 @@ class AblateTrainable(tune.Trainable):
         if writer is None or writer.trial_dir != own.folder:  # one per record (_release_record finishes it)
             if writer is not None:
                 writer.wait()
-            self._writer = writer = CheckpointWriter(own.folder, int(self._record.get("keep", 2)))
+            self._writer = writer = CheckpointWriter(own.checkpoints, int(self._record.get("keep", 2)))
         writer.submit(self.experiment.state_dict(), self._logged_step(), wait=final)
 
     def _logged_step(self) -> int | None:

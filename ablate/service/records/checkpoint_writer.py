@@ -3,10 +3,11 @@
 At a report the Trainable hands its state to :meth:`CheckpointWriter.submit`, which copies it (from a GPU: a
 non-blocking copy into pinned host memory, waited for by the writer thread, not by training; on the CPU: a clone)
 and returns; a thread serialises the copy and writes it with :func:`ablate.service.records.trial.write_checkpoint`
-(atomically, the older checkpoints pruned as before). One write is in flight at a time: the next submit waits for
-the one before, so a slow disk slows training down rather than piling up copies. The last report of a trial is
-written before the report is returned (:meth:`submit` with ``wait=True``), and :meth:`wait` (the Trainable's
-cleanup, a stop, a signal) finishes the write in flight.
+(atomically, the older checkpoints pruned as before) into the trial's folder: a local path, or its store on object
+storage (one upload). One write is in flight at a time: the next submit waits for the one before, so a slow disk
+slows training down rather than piling up copies. The last report of a trial is written before the report is
+returned (:meth:`submit` with ``wait=True``), and :meth:`wait` (the Trainable's cleanup, a stop, a signal) finishes
+the write in flight.
 
 What resume relies on does not change: a checkpoint counts once its report is in the result log and its file is
 whole (``resume_point``); a kill during a write leaves the checkpoints written before. An error of a write (a full
@@ -18,12 +19,14 @@ Nothing here imports Ray.
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from ablate.service.records.store import LocalStore, Store, open_store
 from ablate.service.records.trial import write_checkpoint
 
 __all__ = ["CheckpointWriter", "host_copy"]
@@ -58,8 +61,13 @@ def host_copy(state: Any) -> tuple[Any, torch.cuda.Event | None]:
 class CheckpointWriter:
     """Writes one trial's checkpoints in a background thread, one at a time (module doc)."""
 
-    def __init__(self, trial_dir: str | Path, keep: int):
-        self.trial_dir, self.keep = Path(trial_dir), keep
+    def __init__(self, trial_dir: str | os.PathLike | Store, keep: int):
+        """``trial_dir``: the trial's folder (a local path, a URI, or its store:
+        :attr:`ablate.service.records.record.TrialRecord.checkpoints`); ``keep``: the checkpoints it keeps.
+        ``trial_dir`` then is the folder's local path, or its URI on object storage."""
+        self.store = trial_dir if isinstance(trial_dir, Store) else open_store(trial_dir)
+        self.trial_dir: Path | str = self.store.root if isinstance(self.store, LocalStore) else self.store.uri
+        self.keep = keep
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
 
@@ -70,17 +78,21 @@ class CheckpointWriter:
         self.wait()
         copied, event = host_copy(state)
         self._thread = threading.Thread(
-            target=self._write, args=(copied, event, logged), name=f"checkpoint {self.trial_dir.name}", daemon=True
+            target=self._write, args=(copied, event, logged), name=f"checkpoint {self._name()}", daemon=True
         )
         self._thread.start()
         if wait:
             self.wait()
 
+    def _name(self) -> str:
+        """The folder's name (the last part of its path or URI)."""
+        return str(self.trial_dir).partition("?")[0].rstrip("/").rsplit("/", 1)[-1]
+
     def _write(self, state: dict[str, Any], event: torch.cuda.Event | None, logged: int | None) -> None:
         try:
             if event is not None:
                 event.synchronize()
-            write_checkpoint(self.trial_dir, state, self.keep, logged)
+            write_checkpoint(self.store, state, self.keep, logged)
         except BaseException as exc:  # noqa: BLE001 - raised again in the trial by the next submit or wait
             self._error = exc
 

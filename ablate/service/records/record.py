@@ -2,9 +2,13 @@
 
 Code that runs a grid (the driver's result log, the Trainables, the scheduler's rungs, the search) reaches a trial's
 folder only through these: where the folder is, its params, its result log (read, append, rewrite), its error and
-stopped files, its lock and its checkpoints. Every write is atomic (:func:`ablate.files.atomic_write`), but the
-log's append, which a kill may cut and the next append cuts back (:func:`ablate.service.records.trial_log.append_row`). The layout
-is :mod:`ablate.service.records.rundir`'s (file names) and :mod:`ablate.service.records.trial`'s (ids, checkpoints).
+stopped files, its lock and its checkpoints. They write through the run directory's
+:class:`~ablate.service.records.store.Store` (a path, a URI or a store: :func:`~ablate.service.records.store.open_store`).
+Every write is of a whole file, atomic (on disk :func:`ablate.files.atomic_write`, on object storage one upload),
+but the local log's append, which a kill may cut and the next append cuts back
+(:func:`ablate.service.records.trial_log.append_row`): O(1) a report, where object storage, which has no append,
+rewrites the whole log (:func:`ablate.service.records.trial_log.append_whole`). The layout is
+:mod:`ablate.service.records.rundir`'s (file names) and :mod:`ablate.service.records.trial`'s (ids, checkpoints).
 
 Nothing here imports Ray.
 """
@@ -12,6 +16,7 @@ Nothing here imports Ray.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import os
@@ -33,9 +38,29 @@ from ablate.service.records.rundir import (
     STOPPED_FILE,
     TRIAL_PREFIX,
 )
-from ablate.service.records.trial_log import append_row, cut_log, intact_rows, json_text, last_row, last_step, read_rows
+from ablate.service.records.store import FolderStore, LocalStore, Store, as_store
+from ablate.service.records.trial_log import (
+    append_row,
+    append_whole,
+    cut_log,
+    cut_text,
+    intact_rows,
+    json_text,
+    last_row,
+    last_row_in,
+    last_step,
+    parse_rows,
+    read_rows,
+)
 
-__all__ = ["TRIAL_LOCK", "RunRecord", "TrialRecord", "folder_name", "own_record", "trial_records"]
+__all__ = [
+    "TRIAL_LOCK",
+    "RunRecord",
+    "TrialRecord",
+    "folder_name",
+    "own_record",
+    "trial_records",
+]
 
 #: The lock a trial holds on its folder while it trains (:mod:`ablate.service.records.pidlock`).
 TRIAL_LOCK = ".trial.lock"
@@ -46,34 +71,53 @@ def folder_name(trial_id: str) -> str:
     return f"{TRIAL_PREFIX}{trial_id}"
 
 
-def _write_json(path: Path, value: Any, **dumps: Any) -> None:
-    text = json.dumps(value, default=str, **dumps)
-    atomic_write(path, lambda p: p.write_text(text))
+def _write_json(store: Store, key: str, value: Any, **dumps: Any) -> None:
+    store.write_text(key, json.dumps(value, default=str, **dumps))
 
 
 class TrialRecord:
-    """One trial's folder, ``<run>/trial_<id>`` (a pack's: ``trial_pack-<key>``, its checkpoints only)."""
+    """One trial's folder, ``<run>/trial_<id>`` (a pack's: ``trial_pack-<key>``, its checkpoints only), in the run
+    directory ``run_dir`` (a path, a URI or its store).
 
-    def __init__(self, run_dir: str | os.PathLike, trial_id: str):
-        self.run_dir, self.id = Path(run_dir), trial_id
-        self.folder = self.run_dir / folder_name(trial_id)
-        self.log = self.folder / RESULT_FILE
+    ``folder`` and ``log``: the folder's and the log's local paths on a local store, else their URIs (as messages name
+    them; ``str(folder)`` keys a trial in the driver). ``local``: the folder's path, None on object storage."""
+
+    def __init__(self, run_dir: str | os.PathLike | Store, trial_id: str):
+        store = self.store = as_store(run_dir)
+        self.id, self.name = trial_id, folder_name(trial_id)
+        self.local: Path | None = store.path(self.name) if isinstance(store, LocalStore) else None
+        self.run_dir: Path | str = store.root if isinstance(store, LocalStore) else store.uri
+        self.folder: Path | str = self.local if self.local is not None else store.join(self.name)
+        self.log: Path | str = (
+            self.local / RESULT_FILE if self.local is not None else store.join(self.name, RESULT_FILE)
+        )
 
     def __repr__(self) -> str:
         return f"TrialRecord({str(self.folder)!r})"
 
+    def _key(self, name: str) -> str:
+        return f"{self.name}/{name}"
+
+    @functools.cached_property
+    def checkpoints(self) -> Store:
+        """The store of the trial's folder, where its checkpoints are (:mod:`ablate.service.records.trial`)."""
+        return LocalStore(self.local) if self.local is not None else FolderStore(self.store, self.name)
+
     def make(self) -> None:
-        """Create the folder (and the run directory's, if need be)."""
-        self.folder.mkdir(parents=True, exist_ok=True)
+        """Create the folder (and the run directory's, if need be); nothing on object storage, whose folders are
+        made by the writes into them."""
+        if self.local is not None:
+            self.local.mkdir(parents=True, exist_ok=True)
 
     # ---------------------------------------------------------------- params
     def has_params(self) -> bool:
-        return (self.folder / PARAMS_FILE).exists()
+        return self.store.exists(self._key(PARAMS_FILE))
 
     def read_params(self) -> dict[str, Any] | None:
         """The trial's params.json, or None when it is missing or not a JSON object."""
         try:
-            value = json.loads((self.folder / PARAMS_FILE).read_text())
+            text = self.store.read_text(self._key(PARAMS_FILE))
+            value = None if text is None else json.loads(text)
         except (OSError, ValueError):
             return None
         return value if isinstance(value, dict) else None
@@ -81,69 +125,95 @@ class TrialRecord:
     def write_params(self, params: dict[str, Any]) -> None:
         """Write params.json (sorted keys, indented), creating the folder."""
         self.make()
-        _write_json(self.folder / PARAMS_FILE, params, indent=2, sort_keys=True)
+        _write_json(self.store, self._key(PARAMS_FILE), params, indent=2, sort_keys=True)
 
     # ---------------------------------------------------------------- result log
+    def _log_text(self) -> str | None:
+        return self.store.read_text(self._key(RESULT_FILE))
+
     def rows(self) -> list[dict[str, Any]]:
         """The log's intact rows (steps rising; a torn or damaged line ends them)."""
-        return intact_rows(read_rows(self.log))
+        return intact_rows(self.raw_rows())
 
     def raw_rows(self) -> list[dict[str, Any]]:
         """Every row of the log that parses, in order (what the coverage of a checkpoint is judged on)."""
-        return read_rows(self.log)
+        if self.local is not None:
+            return read_rows(self.log)
+        return parse_rows(self._log_text() or "")
 
     def last_row(self) -> dict[str, Any] | None:
-        return last_row(self.log)
+        """The log's last whole row that has a step (locally: read from its tail), or None."""
+        if self.local is not None:
+            return last_row(self.log)
+        data = self.store.read_bytes(self._key(RESULT_FILE))
+        return None if data is None else last_row_in(data)
 
     def last_step(self) -> int | None:
         """The step of the log's last row (None without one)."""
-        return last_step(self.log)
+        if self.local is not None:
+            return last_step(self.log)
+        row = self.last_row()
+        return None if row is None else row["step"]
 
     def append(self, row: dict[str, Any]) -> None:
-        """Append one report (a row cut by a kill is dropped first)."""
-        append_row(self.log, row)
+        """Append one report (a row cut by a kill is dropped first); on object storage the log is written whole."""
+        if self.local is not None:
+            append_row(self.log, row)
+        else:
+            append_whole(self.store, self._key(RESULT_FILE), row)
 
     def rewrite(self, rows: list[dict[str, Any]]) -> None:
         """Replace the log by ``rows``, atomically."""
         text = "".join(json_text(r) + "\n" for r in rows)
-        atomic_write(self.log, lambda p: p.write_text(text))
+        if self.local is not None:
+            atomic_write(self.log, lambda p: p.write_text(text))
+        else:
+            self.store.write_text(self._key(RESULT_FILE), text)
 
     def cut(self, step: int) -> tuple[int, int]:
         """Keep the log's intact rows up to ``step`` (a continued trial reports the rest again); (rows before,
         rows kept)."""
-        before = len(read_rows(self.log))
-        return before, len(cut_log(self.log, lambda r: r["step"] <= step))
+        if self.local is not None:
+            before = len(read_rows(self.log))
+            return before, len(cut_log(self.log, lambda r: r["step"] <= step))
+        text = self._log_text()
+        kept, new = cut_text(text, lambda r: r["step"] <= step)
+        if new is not None:
+            self.store.write_text(self._key(RESULT_FILE), new)
+        return len(parse_rows(text or "")), len(kept)
 
     # ---------------------------------------------------------------- a pack's folder
     def read_pack(self) -> list[str] | None:
         """The members' trial ids a pack's folder names (``pack.json``), or None when it holds no readable list."""
         try:
-            members = json.loads((self.folder / PACK_FILE).read_text())["members"]
+            members = json.loads(self.store.read_text(self._key(PACK_FILE)) or "")["members"]
         except (OSError, ValueError, KeyError, TypeError):
             return None
         return members if isinstance(members, list) and all(isinstance(m, str) for m in members) else None
 
     def write_pack(self, members: list[str]) -> None:
         self.make()
-        _write_json(self.folder / PACK_FILE, {"members": members}, indent=2)
+        _write_json(self.store, self._key(PACK_FILE), {"members": members}, indent=2)
 
     # ---------------------------------------------------------------- error and stopped files
     def write_error(self, error: str, failures: int) -> None:
         """The trial's error beside its log (``error.json``: its last line and how often it failed in this driver);
         nothing when the folder is gone, and a full disk is let pass (the run's outcome names the error)."""
-        if self.folder.is_dir():
+        there = self.local.is_dir() if self.local is not None else self.store.exists(self.name)
+        if there:
             with contextlib.suppress(OSError):
-                _write_json(self.folder / ERROR_FILE, {"error": error[-2000:], "failures": failures}, indent=1)
+                info = {"error": error[-2000:], "failures": failures}
+                _write_json(self.store, self._key(ERROR_FILE), info, indent=1)
 
     def clear_error(self) -> None:
-        (self.folder / ERROR_FILE).unlink(missing_ok=True)
+        self.store.delete(self._key(ERROR_FILE))
 
     def write_stopped(self, by: str, step: int) -> None:
         """Say beside the log that ``by`` stopped the trial at ``step`` before its stop settings."""
-        _write_json(self.folder / STOPPED_FILE, {"by": by, "step": step}, indent=1)
+        _write_json(self.store, self._key(STOPPED_FILE), {"by": by, "step": step}, indent=1)
 
     def clear_stopped(self) -> None:
-        (self.folder / STOPPED_FILE).unlink(missing_ok=True)
+        self.store.delete(self._key(STOPPED_FILE))
 
     # ---------------------------------------------------------------- lock and checkpoints
     def hold(self, on_wait: Callable[[LockHeld, float], None] | None = None, *, say_every_s: float = 300.0) -> PidLock:
@@ -152,9 +222,17 @@ class TrialRecord:
 
         There is no time limit, by design: the lock is an ``flock``, released by the kernel when its holder dies
         (:mod:`ablate.service.records.pidlock`), so a held lock is a live process training this very setting (a
-        search that suggests a setting its run is training now), and waiting for it is the right thing to do."""
+        search that suggests a setting its run is training now), and waiting for it is the right thing to do.
+
+        Only a local run has one: on object storage, which has no ``flock``, it raises NotImplementedError (a trial
+        there needs a lease, which expires, in its place)."""
+        if self.local is None:
+            raise NotImplementedError(
+                f"{self.folder}: a trial on object storage cannot take its folder's lock (an flock, which only a "
+                "local run directory has); it needs a lease (ablate.service.records.lease) in its place"
+            )
         self.make()
-        lock, started, said = PidLock(self.folder / TRIAL_LOCK), time.monotonic(), -math.inf
+        lock, started, said = PidLock(self.local / TRIAL_LOCK), time.monotonic(), -math.inf
         while True:
             try:
                 return lock.acquire()
@@ -165,43 +243,49 @@ class TrialRecord:
                     said = now
                 time.sleep(1.0)
 
+    def write_checkpoint(self, state: dict[str, Any], keep: int, logged: int | None = None) -> Path | str:
+        """:func:`ablate.service.records.trial.write_checkpoint` in this folder."""
+        return checkpoints.write_checkpoint(self.checkpoints, state, keep, logged)
+
     def resume_point(
         self, covered: Callable[[dict[str, Any]], bool], map_location: Any = "cpu"
     ) -> dict[str, Any] | None:
         """The newest checkpoint that loads and that ``covered`` accepts (:func:`~ablate.service.records.trial.resume_point`)."""
-        return checkpoints.resume_point(self.folder, covered, map_location)
+        return checkpoints.resume_point(self.checkpoints, covered, map_location)
 
     def drop_checkpoints_after(self, step: int | None) -> list[str]:
         """:func:`ablate.service.records.trial.drop_checkpoints_after` in this folder."""
-        return checkpoints.drop_checkpoints_after(self.folder, step)
+        return checkpoints.drop_checkpoints_after(self.checkpoints, step)
 
 
 class RunRecord:
-    """A run directory: its trials' records."""
+    """A run directory (a path, a URI or its store): its trials' records. ``dir``: its local path on a local store,
+    else its URI."""
 
-    def __init__(self, run_dir: str | os.PathLike):
-        self.dir = Path(run_dir)
+    def __init__(self, run_dir: str | os.PathLike | Store):
+        self.store = as_store(run_dir)
+        self.dir: Path | str = self.store.root if isinstance(self.store, LocalStore) else self.store.uri
 
     def trial(self, trial_id: str) -> TrialRecord:
-        return TrialRecord(self.dir, trial_id)
+        return TrialRecord(self.store, trial_id)
 
     def trials(self) -> Iterator[TrialRecord]:
         """Every trial folder's record, in name order (packs' folders included)."""
-        for folder in sorted(self.dir.glob(f"{TRIAL_PREFIX}*")):
-            if folder.is_dir():
-                yield self.trial(folder.name.removeprefix(TRIAL_PREFIX))
+        for name in self.store.list(dirs=True):
+            if name.startswith(TRIAL_PREFIX):
+                yield self.trial(name.removeprefix(TRIAL_PREFIX))
 
     def points(self) -> Iterator[TrialRecord]:
         """The records of the run's points: its trial folders but the packs'."""
-        return (t for t in self.trials() if not t.folder.name.startswith(PACK_PREFIX))
+        return (t for t in self.trials() if not t.name.startswith(PACK_PREFIX))
 
     def packs(self) -> Iterator[TrialRecord]:
         """The records of the run's packs' own folders."""
-        return (t for t in self.trials() if t.folder.name.startswith(PACK_PREFIX))
+        return (t for t in self.trials() if t.name.startswith(PACK_PREFIX))
 
     def write_best(self, info: dict[str, Any]) -> None:
         """A search's best setting (``best_config.json``), atomically."""
-        _write_json(self.dir / BEST_CONFIG_FILE, info, indent=1)
+        _write_json(self.store, BEST_CONFIG_FILE, info, indent=1)
 
 
 def own_record(record: dict[str, Any]) -> TrialRecord:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import functools
 import os
 import shutil
 import time
@@ -20,7 +21,7 @@ from pathlib import Path
 
 from ablate.files import TEMP_FILE, WriteError, atomic_write, is_remote, local_path
 
-__all__ = ["ArrowStore", "LocalStore", "Store", "open_store"]
+__all__ = ["ArrowStore", "FolderStore", "LocalStore", "Store", "as_store", "open_store"]
 
 #: Reads of an object that is being replaced, before :meth:`ArrowStore.read_bytes` gives up.
 READ_TRIES = 5
@@ -267,3 +268,51 @@ def open_store(uri_or_path: str | os.PathLike) -> Store:
     if is_remote(uri_or_path):
         return ArrowStore(str(uri_or_path))
     return LocalStore(local_path(uri_or_path), uri=str(uri_or_path))
+
+
+def as_store(run_dir: str | os.PathLike | Store) -> Store:
+    """The store of a run directory: ``run_dir`` itself, or :func:`~ablate.service.records.store.open_store`'s (one
+    per URI in a process for a remote one: a Trainable makes its record once, the driver one per report)."""
+    if isinstance(run_dir, Store):
+        return run_dir
+    return _remote_store(str(run_dir)) if is_remote(run_dir) else open_store(run_dir)
+
+
+@functools.lru_cache(maxsize=16)
+def _remote_store(uri: str) -> Store:
+    return open_store(uri)
+
+
+class FolderStore(Store):
+    """The files under one folder of another store, with keys relative to that folder: a trial's folder of a run's
+    store on object storage, as the checkpoint functions take it (:mod:`ablate.service.records.trial`)."""
+
+    def __init__(self, parent: Store, folder: str):
+        self.parent, self.folder, self.uri = parent, folder, parent.join(folder)
+
+    def _at(self, key: str, *, root_ok: bool = False) -> str:
+        parts = [p for p in str(key).split("/") if p]
+        if not (parts or root_ok):
+            raise ValueError(f"not a key under the store's root: {key!r}")
+        return "/".join([self.folder, *parts])  # "..": the parent's keys refuse it
+
+    def join(self, *parts: str) -> str:
+        return self.parent.join(self.folder, *parts)
+
+    def read_bytes(self, key: str) -> bytes | None:
+        return self.parent.read_bytes(self._at(key))
+
+    def write_bytes(self, key: str, data: bytes) -> None:
+        self.parent.write_bytes(self._at(key), data)
+
+    def delete(self, key: str) -> None:
+        self.parent.delete(self._at(key))
+
+    def delete_tree(self, prefix: str) -> None:
+        self.parent.delete_tree(self._at(prefix))
+
+    def list(self, prefix: str = "", *, dirs: bool) -> builtins.list[str]:
+        return self.parent.list(self._at(prefix, root_ok=True), dirs=dirs)
+
+    def exists(self, key: str) -> bool:
+        return self.parent.exists(self._at(key, root_ok=True))

@@ -3,7 +3,10 @@
 A trial is its grid point. Its science settings and seed (:meth:`ablate.config.RunConfig.science`) give a stable
 key, and the values that vary in its grid give a readable folder name: ``trial_<readable>-<key>``. The folder
 holds params.json, result.json (one JSON line per report, append-only) and the checkpoints the Trainable writes
-itself after each report (``checkpoint_<step>/state.pt``, atomically, loaded with ``weights_only=True``).
+itself after each report (``checkpoint_<step>/state.pt``, atomically, loaded with ``weights_only=True``). The
+checkpoint functions take the trial's folder as a local path, a URI or its own
+:class:`~ablate.service.records.store.Store`: on object storage a checkpoint is one upload, listed, read and
+deleted through the store.
 
 Ray Tune only executes: nothing it writes is read back. Whether a trial is finished, where it continues from and
 what its log keeps follow from these files alone (:func:`resume_point`): an unfinished trial continues from its
@@ -29,13 +32,17 @@ from typing import Any
 from ablate.config import RunConfig
 from ablate.files import atomic_write
 from ablate.service.records.rundir import ERROR_FILE
+from ablate.service.records.store import LocalStore, Store, open_store
 from ablate.service.records.trial_log import intact_rows
 
 __all__ = [
     "CHECKPOINT_FILE",
     "CHECKPOINT_PREFIX",
     "ERROR_FILE",
+    "TrialDir",
     "checkpoint_folders",
+    "checkpoint_names",
+    "drop_checkpoints_after",
     "load_state",
     "record_id",
     "record_of",
@@ -89,15 +96,41 @@ def key_of(trial_id: str) -> str:
 
 
 # ------------------------------------------------------------------ checkpoints
-def load_state(directory: str | os.PathLike, map_location: Any = "cpu") -> dict[str, Any]:
-    """Load a checkpoint's state with ``weights_only=True``; a damaged file names itself in the error."""
+#: A trial's folder as the checkpoint functions take it: a local path, a URI, or the folder's own store.
+TrialDir = str | os.PathLike | Store
+
+
+def _store(trial_dir: TrialDir) -> Store:
+    """The store of a trial's folder: ``trial_dir`` itself, or the store of its path or URI."""
+    return trial_dir if isinstance(trial_dir, Store) else open_store(trial_dir)
+
+
+def _step(name: str) -> int:
+    return int(name.removeprefix(CHECKPOINT_PREFIX))
+
+
+class _Unwritten(RuntimeError):
+    """A checkpoint folder without its state (a write that a kill or a full disk cut short)."""
+
+
+def _load(store: Store, name: str, map_location: Any) -> dict[str, Any]:
+    """The state of checkpoint ``name`` in a trial folder's ``store``, loaded with ``weights_only=True``: from its
+    file on a local store, else from its bytes (one read; a failure to read is raised as it is, not taken for a
+    damaged checkpoint)."""
     import torch
 
-    path = Path(directory) / CHECKPOINT_FILE
-    if not path.is_file():
-        raise RuntimeError(f"checkpoint {directory} holds no {CHECKPOINT_FILE}")
+    path = store.join(name, CHECKPOINT_FILE)
+    if isinstance(store, LocalStore):
+        source: Any = store.path(name) / CHECKPOINT_FILE
+        if not source.is_file():
+            raise _Unwritten(f"checkpoint {store.join(name)} holds no {CHECKPOINT_FILE}")
+    else:
+        data = store.read_bytes(f"{name}/{CHECKPOINT_FILE}")
+        if data is None:
+            raise _Unwritten(f"checkpoint {store.join(name)} holds no {CHECKPOINT_FILE}")
+        source = io.BytesIO(data)
     try:
-        state = torch.load(path, map_location=map_location, weights_only=True)
+        state = torch.load(source, map_location=map_location, weights_only=True)
     except Exception as exc:  # torch raises several types for truncated or foreign files
         raise RuntimeError(f"checkpoint {path} cannot be loaded ({type(exc).__name__}: {exc})") from exc
     if not isinstance(state, dict) or not isinstance(state.get("step"), int):
@@ -105,59 +138,91 @@ def load_state(directory: str | os.PathLike, map_location: Any = "cpu") -> dict[
     return state
 
 
+def load_state(
+    directory: str | os.PathLike, map_location: Any = "cpu", *, store: Store | None = None
+) -> dict[str, Any]:
+    """Load a checkpoint's state with ``weights_only=True``; a damaged file names itself in the error.
+    ``directory``: the checkpoint's folder (a local path), or with ``store`` (a trial folder's) its name there."""
+    if store is not None:
+        return _load(store, str(directory), map_location)
+    folder = Path(directory)
+    return _load(LocalStore(folder.parent), folder.name, map_location)
+
+
+def checkpoint_names(trial_dir: TrialDir) -> list[str]:
+    """The names of a trial's checkpoint folders, newest (highest step) first."""
+    found = [n for n in _store(trial_dir).list(dirs=True) if re.fullmatch(rf"{CHECKPOINT_PREFIX}\d+", n)]
+    return sorted(found, key=_step, reverse=True)
+
+
 def checkpoint_folders(trial_dir: str | os.PathLike) -> list[Path]:
-    """A trial's checkpoint folders, newest (highest step) first."""
+    """A local trial's checkpoint folders, newest (highest step) first."""
     folder = Path(trial_dir)
-    if not folder.is_dir():
-        return []
-    found = [p for p in folder.iterdir() if p.is_dir() and re.fullmatch(rf"{CHECKPOINT_PREFIX}\d+", p.name)]
-    return sorted(found, key=lambda p: int(p.name.removeprefix(CHECKPOINT_PREFIX)), reverse=True)
+    return [folder / name for name in checkpoint_names(LocalStore(folder))]
 
 
-def write_checkpoint(trial_dir: str | os.PathLike, state: dict[str, Any], keep: int, logged: int | None = None) -> Path:
-    """Write ``state`` as the trial's checkpoint at ``state["step"]`` (atomically: a folder whose state.pt is
-    renamed into place), then delete all but the newest ``keep`` checkpoints, never the newest one at or before
-    ``logged`` (the step of the log's last row: the one a resume would continue from). Returns the new folder."""
+def _remove(store: Store, name: str) -> None:
+    """Delete checkpoint ``name`` and its folder; a failure leaves it (as :func:`shutil.rmtree`'s
+    ``ignore_errors``)."""
+    if isinstance(store, LocalStore):
+        shutil.rmtree(store.path(name), ignore_errors=True)
+        return
+    with contextlib.suppress(OSError):
+        store.delete_tree(name)
+
+
+def write_checkpoint(trial_dir: TrialDir, state: dict[str, Any], keep: int, logged: int | None = None) -> Path | str:
+    """Write ``state`` as the trial's checkpoint at ``state["step"]`` (atomically: on local disk a folder whose
+    state.pt is renamed into place, on object storage one upload of ``<folder>/state.pt``), then delete all but the
+    newest ``keep`` checkpoints, never the newest one at or before ``logged`` (the step of the log's last row: the one
+    a resume would continue from). Returns the new folder (its path; on object storage its URI)."""
     import torch
 
-    folder = Path(trial_dir) / f"{CHECKPOINT_PREFIX}{int(state['step']):09d}"
+    store = _store(trial_dir)
+    name = f"{CHECKPOINT_PREFIX}{int(state['step']):09d}"
     buffer = io.BytesIO()  # serialised first: a full disk is then an OSError of the write, not torch's stream error
     torch.save(state, buffer)
-    folder.mkdir(parents=True, exist_ok=True)
-    try:
-        atomic_write(folder / CHECKPOINT_FILE, lambda p: p.write_bytes(buffer.getbuffer()))
-    except OSError:
-        with contextlib.suppress(OSError):
-            folder.rmdir()  # only if empty: a checkpoint written before stays
-        raise
-    existing = checkpoint_folders(trial_dir)
-    steps = [int(p.name.removeprefix(CHECKPOINT_PREFIX)) for p in existing]
-    covered = next((p for p, s in zip(existing, steps) if logged is not None and s <= logged), None)
+    where: Path | str
+    if isinstance(store, LocalStore):
+        where = folder = store.path(name)
+        folder.mkdir(parents=True, exist_ok=True)
+        try:
+            atomic_write(folder / CHECKPOINT_FILE, lambda p: p.write_bytes(buffer.getbuffer()))
+        except OSError:
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # only if empty: a checkpoint written before stays
+            raise
+    else:
+        store.write_bytes(f"{name}/{CHECKPOINT_FILE}", buffer.getbuffer())  # type: ignore[arg-type]  # bytes-like
+        where = store.join(name)
+    existing = checkpoint_names(store)
+    covered = next((n for n in existing if logged is not None and _step(n) <= logged), None)
     for old in existing[max(keep, 1) :]:
         if old != covered:
-            shutil.rmtree(old, ignore_errors=True)
-    return folder
+            _remove(store, old)
+    return where
 
 
 def resume_point(
-    trial_dir: str | os.PathLike,
+    trial_dir: TrialDir,
     covered: Callable[[dict[str, Any]], bool],
     map_location: Any = "cpu",
 ) -> dict[str, Any] | None:
     """The state of the trial's newest checkpoint that loads and that its log covers (``covered(state)``: every
     report up to the checkpoint is in the log), or None: the trial starts from step 0. Each checkpoint passed
     over is logged."""
-    for folder in checkpoint_folders(trial_dir):
-        if not (folder / CHECKPOINT_FILE).is_file():
-            continue  # a checkpoint whose write never finished (a kill, a full disk)
+    store = _store(trial_dir)
+    for name in checkpoint_names(store):
         try:
-            state = load_state(folder, map_location)
+            state = _load(store, name, map_location)
+        except _Unwritten:
+            continue  # a checkpoint whose write never finished (a kill, a full disk)
         except RuntimeError as exc:
             _log.warning("%s; trying an earlier checkpoint", exc)
             continue
         if covered(state):
             return state
-        _log.info("checkpoint %s is ahead of the trial's result log; trying an earlier one", folder)
+        _log.info("checkpoint %s is ahead of the trial's result log; trying an earlier one", store.join(name))
     return None
 
 
@@ -192,14 +257,15 @@ def pack_id(member_ids: list[str]) -> str:
     return "pack-" + hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-def drop_checkpoints_after(trial_dir: str | os.PathLike, step: int | None) -> list[str]:
+def drop_checkpoints_after(trial_dir: TrialDir, step: int | None) -> list[str]:
     """Delete the trial's checkpoints whose folder step is past ``step`` (all of them for None): a checkpoint its
     log does not cover cannot be continued from, and would crowd out the ones written next. Returns their names."""
+    store = _store(trial_dir)
     gone = []
-    for folder in checkpoint_folders(trial_dir):
-        if step is None or int(folder.name.removeprefix(CHECKPOINT_PREFIX)) > step:
-            shutil.rmtree(folder, ignore_errors=True)
-            gone.append(folder.name)
+    for name in checkpoint_names(store):
+        if step is None or _step(name) > step:
+            _remove(store, name)
+            gone.append(name)
     return gone
 
 

@@ -11,9 +11,12 @@ import math
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ablate.files import atomic_write
+
+if TYPE_CHECKING:
+    from ablate.service.records.store import Store
 
 #: The key of the report that ends a trial whose loss went non-finite (a solo trial's or a pack member's), with the
 #: error's text naming the step. A result of the science, not a crash: the same seed fails at the same step again,
@@ -23,13 +26,17 @@ ERROR_KEY = "member_error"
 __all__ = [
     "ERROR_KEY",
     "append_row",
+    "append_whole",
     "cut_log",
+    "cut_text",
     "ended",
     "failure_count",
     "finished",
     "intact_rows",
     "json_text",
+    "last_row_in",
     "last_step",
+    "parse_rows",
     "read_rows",
     "seconds_of",
     "trial_status",
@@ -57,8 +64,13 @@ def _plain(value: Any) -> Any:
 def read_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
     """The rows of a result log; a torn or damaged line is skipped."""
     path = Path(path)
+    return parse_rows(path.read_text()) if path.is_file() else []
+
+
+def parse_rows(text: str) -> list[dict[str, Any]]:
+    """The rows of a result log's text; a torn or damaged line is skipped."""
     rows = []
-    for line in path.read_text().splitlines() if path.is_file() else []:
+    for line in text.splitlines():
         try:
             row = json.loads(line)
         except json.JSONDecodeError:
@@ -126,6 +138,27 @@ def _torn(path: Path) -> bool:
     return bool(data) and not data.endswith(b"\n")
 
 
+def cut_text(text: str | None, keep: Callable[[dict[str, Any]], bool]) -> tuple[list[dict[str, Any]], str | None]:
+    """:func:`cut_log` of a log's ``text`` (None: no log): the intact rows for which ``keep(row)``, and the text to
+    write back whole (None when the log stays as it is: nothing cut, nothing out of order, no torn line)."""
+    rows = parse_rows(text or "")
+    intact = intact_rows(rows)
+    kept = [r for r in intact if keep(r)]
+    if text is None or (len(kept) == len(intact) == len(rows) and (not text or text.endswith("\n"))):
+        return kept, None
+    return kept, "".join(json_text(r) + "\n" for r in kept)
+
+
+def append_whole(store: Store, key: str, row: dict[str, Any]) -> None:
+    """:func:`append_row` on a store that has no append (object storage): read the whole log, drop a torn last line
+    (a whole write never leaves one; the invariant is kept all the same), add the row and write the log back whole,
+    one upload. O(log) per row, where the local append is O(1)."""
+    data = store.read_bytes(key) or b""
+    if data and not data.endswith(b"\n"):
+        data = data[: data.rfind(b"\n") + 1]
+    store.write_bytes(key, data + (json_text(row) + "\n").encode("utf-8"))
+
+
 def seconds_of(rows: list[dict[str, Any]]) -> float:
     """The training time a log's rows hold: the last row's ``time_total_s`` (0 without rows or without one). A
     trial that continues in a new driver starts its clock there."""
@@ -167,6 +200,12 @@ def last_row(path: str | os.PathLike, chunk: int = 1 << 16) -> dict[str, Any] | 
         end = f.seek(0, os.SEEK_END)
         f.seek(max(0, end - chunk))
         tail = f.read()
+    return last_row_in(tail)
+
+
+def last_row_in(tail: bytes) -> dict[str, Any] | None:
+    """The last whole row that has a step in a log's content, or its tail (a first line cut by where the tail
+    starts is skipped, as a torn last line is); None when it holds none."""
     lines = tail.split(b"\n")
     for line in reversed(lines[:-1] if not tail.endswith(b"\n") else lines):
         try:
