@@ -40,16 +40,15 @@ $(LOW)/ablate: pyproject.toml examples/ablate-align-uniform/pyproject.toml
 	touch $(LOW)/ablate
 
 # the contract with the lowest Ray: one test per part of Ray's API that ablate uses (a grid through the Tuner with
-# ablate's Searcher and callbacks, an Optuna search, the ASHA scheduler's rungs, a retried trial, SIGTERM and resume
-# with Ray's files deleted, two grids on one Ray, joining a head that `ray start` runs: it has token auth on 2.60 and
-# none on 2.52, and ablate must join each in its mode); the rest of the suite checks ablate's own logic, which does
-# not change with Ray's version
+# ablate's Searcher and callbacks, and no file of Ray's in the run directory; an Optuna search, the ASHA scheduler's
+# rungs, a retried trial, SIGTERM and resume, two grids on one Ray, joining a head that `ray start` runs: it has token
+# auth on 2.60 and none on 2.52, and ablate must join each in its mode); the rest of the suite checks ablate's own
+# logic, which does not change with Ray's version (a resume with Ray's files deleted, for one: Ray writes none there)
 RAY_LOW_TESTS ?= "tests/service/execution/test_runner.py::test_every_grid_runs_through_the_cli_at_smoke_scale[batch_vs_dim]" \
 	tests/service/execution/test_runner.py::test_an_optuna_grid_stores_its_study_in_sqlite_that_optuna_can_open \
 	tests/service/execution/test_rungs.py::test_new_trials_meet_the_rungs_of_the_finished_ones \
 	tests/service/execution/test_faults.py::test_trial_that_raises_is_retried_from_its_checkpoint \
 	tests/service/execution/test_driver_lock_signals.py::test_sigterm_stops_like_ctrl_c_exit_143_and_resume_completes \
-	tests/service/records/test_extend.py::test_an_interrupted_grid_resumes_with_every_file_ray_wrote_deleted \
 	tests/cli/test_multi_grid.py::test_two_grids_share_one_ray_and_resume_continues_started_grids_and_starts_the_others \
 	tests/service/execution/test_cluster.py::test_run_joins_an_existing_cluster
 test-ray-low: $(LOW)/ablate

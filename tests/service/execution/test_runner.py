@@ -14,6 +14,7 @@ from conftest import runs_root, smoke_run
 
 from ablate.service.execution.runner import run_grid
 from ablate.service.execution.trainable import CHECKPOINT_FILE
+from ablate.service.records import rundir
 from ablate.service.specs.grids import known_grids, load_grid, n_reports
 from ablate.service.specs.optuna import Choice
 
@@ -47,6 +48,13 @@ def test_every_grid_runs_through_the_cli_at_smoke_scale(name, ray_session, tmp_p
         assert all(math.isfinite(r["r2"]) and r["r2"] <= 1.0 for r in rows), [r["r2"] for r in rows]
         assert all(0.0 <= r["mcc"] <= 1.0 + 1e-6 for r in rows), [r["mcc"] for r in rows]
         assert list(trial_dir.glob(f"checkpoint_*/{CHECKPOINT_FILE}")), "a checkpoint was written"
+    # Ray Tune keeps its own files (experiment states, tuner.pkl, error.pkl, params.pkl) outside the run directory,
+    # on every Ray ablate supports (this test is in the lowest Ray's contract set: Makefile RAY_LOW_TESTS)
+    ours = {rundir.RUN_MARKER, rundir.PROVENANCE_FILE, rundir.ENVIRONMENT_FILE, rundir.DRIVER_LOCK}
+    ours |= {rundir.OPTUNA_DB, rundir.BEST_CONFIG_FILE, rundir.REPORT_FILE}
+    foreign = sorted(p.name for p in run_dir.iterdir() if p.is_file() and p.name not in ours)
+    foreign += sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*.pkl"))
+    assert not foreign, f"Ray Tune wrote into the run directory: {foreign}"
     if grid.search == "optuna":
         best = json.loads((run_dir / "best_config.json").read_text())
         assert set(best["config"]) <= set(grid.optuna.space)
