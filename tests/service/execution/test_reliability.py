@@ -18,10 +18,11 @@ REPORTS = 12
 STEPS = 5 * REPORTS
 
 
-def _cmd(storage: Path, name: str, *extra: str, results_every: str = "0") -> list[str]:
+def _cmd(storage: Path, name: str, *extra: str, results_every: str = "0", dashboard: bool = False) -> list[str]:
     """The run these tests kill. Its trials send each report to Ray as it is made (``--results-every 0``), so a
     test sees a trial mid-way (a smoke trial trains in about a second, within one default 2 s result); the
-    driver-kill test also runs with results that carry several reports."""
+    driver-kill test also runs with results that carry several reports. Without Ray's dashboard (about 2.5 s of
+    each Ray start here) but where a test reads the resume command a user is shown (``dashboard=True``)."""
     return smoke_cmd(
         storage,
         "--name",
@@ -32,6 +33,7 @@ def _cmd(storage: Path, name: str, *extra: str, results_every: str = "0") -> lis
         f"max_steps={STEPS}",
         "--results-every",
         results_every,
+        *([] if dashboard else ["--no-dashboard"]),
         *extra,
     )
 
@@ -187,7 +189,11 @@ def test_ctrl_c_leaves_an_honest_status_exit_130_and_ablate_s_resume_command(tmp
     run_dir = tmp_path / "r"
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
-            _cmd(tmp_path, "r"), stdout=log, stderr=subprocess.STDOUT, env=_env(), start_new_session=True
+            _cmd(tmp_path, "r", dashboard=True),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=_env(),
+            start_new_session=True,
         )
         try:
             deadline = time.time() + 180
@@ -281,7 +287,7 @@ def test_full_disk_ends_with_one_line_and_resume_loses_nothing(tmp_path, small_d
 
     filler = small_disk / "filler"
     filler.write_bytes(b"\0" * (2800 * 1024))
-    code, out = run_logged(_cmd(small_disk, "r"), tmp_path / "full.log", timeout=180, env=_env())
+    code, out = run_logged(_cmd(small_disk, "r", dashboard=True), tmp_path / "full.log", timeout=180, env=_env())
     assert code == 1, out[-3000:]
     assert "Traceback" not in out, out[-5000:]
     (line,) = [x for x in out.splitlines() if x.startswith("ablate: error:")]

@@ -26,7 +26,7 @@ from ablate.service.records.rundir import DRIVER_LOCK, PROVENANCE_FILE
 
 pytestmark = pytest.mark.ray
 
-STEPS, EVERY = 2000, 20
+STEPS, EVERY = 1000, 10
 REPORTS = STEPS // EVERY
 TRIALS = 4  # batch_vs_dim at smoke scale
 
