@@ -6,11 +6,10 @@ from pathlib import Path
 from typing import Any
 
 from ablate.config import ConfigError
-from ablate.service.records.pidlock import lock_holder
 from ablate.service.records.plan import decide
 from ablate.service.records.provenance import summary_line
 from ablate.service.records.reader import RunReader
-from ablate.service.records.rundir import DRIVER_LOCK, INTERRUPTED, is_remote
+from ablate.service.records.rundir import INTERRUPTED
 from ablate.service.records.trial_log import ERROR_KEY, intact_rows
 from ablate.service.specs.grids import axis_text, natural_key
 from ablate.service.specs.params import config_from_params, flat_params
@@ -84,9 +83,9 @@ def run_status(run_dir: str | Path, grid: str | None = None) -> dict[str, Any]:
     ``errors``: trial id → the error of each errored trial (its last line; a non-finite loss names its step).
     ``damaged``: trial id → what of its record every command leaves out (rows of its log out of order, a
     params.json edited by hand) and what the next ``--resume`` does with it (:func:`next_run`). ``driver``: the
-    live `ablate run` writing the run ({pid, host, since}); None when none is, or on remote storage, where nobody
-    can tell. A trial counts as running only while a live driver holds the
-    run's lock (:data:`DRIVER_LOCK`); otherwise one Ray's last snapshot left RUNNING reads as interrupted."""
+    live `ablate run` writing the run ({pid, host, since}; :meth:`RunReader.driver`: the holder of the run's lock, or
+    of a fresh lease on object storage); None when none is. A trial counts as running only while a live driver
+    holds it; otherwise one Ray's last snapshot left RUNNING reads as interrupted."""
     reader = RunReader(run_dir, grid)
     info = reader.marker()
     counts = {"finished": 0, "running": 0, "interrupted": 0, "errored": 0, "pending": 0}
@@ -125,7 +124,7 @@ def run_status(run_dir: str | Path, grid: str | None = None) -> dict[str, Any]:
     counts["pending"] += max(int(info.get("n_trials", len(rows))) - len(rows), 0)
     order = varying_keys(rows, skip=("trial", "status", "step", "r2", "failures"))  # the axes and the seed
     rows.sort(key=lambda r: [natural_key(r.get(k)) for k in order])
-    driver = None if is_remote(str(run_dir)) else lock_holder(Path(run_dir, DRIVER_LOCK))
+    driver = reader.driver()
     return {
         "grid": info["grid"],
         "scale": info["scale"],

@@ -189,11 +189,13 @@ def cmd_export(args: argparse.Namespace) -> int:
     from ablate.analysis.finished import edited_line
     from ablate.analysis.results import NothingToExport, export_results
     from ablate.service.records.reader import RunReader
-    from ablate.service.records.rundir import is_remote
+    from ablate.service.records.rundir import is_remote, split_run_dir
 
     run_dir = args.run_dir
     name = f"results-{args.grid}.csv" if args.grid else "results.csv"
-    out = args.out or (run_dir.rstrip("/") + "/" + name if is_remote(run_dir) else str(Path(run_dir) / name))
+    if is_remote(run_dir):  # read where it is asked for, as `ablate report` does: RUN-results.csv here
+        name = f"{split_run_dir(run_dir)[1]}-{name}"
+    out = args.out or (name if is_remote(run_dir) else str(Path(run_dir) / name))
     try:
         print(f"wrote {export_results(args.run_dir, out, args.grid)}")
         edited = edited_line(RunReader(args.run_dir, args.grid).disagreeing())
@@ -295,7 +297,11 @@ def build_parser() -> argparse.ArgumentParser:
     about = "write a run's results table as CSV or Parquet (exit 1, writing nothing, while no trial has reported)"
     ex = sub.add_parser("export", help=about, description=about[0].upper() + about[1:] + ".")
     ex.add_argument("run_dir")
-    ex.add_argument("--out", help="FILE.csv or FILE.parquet (default: RUN_DIR/results.csv)")
+    ex.add_argument(
+        "--out",
+        help="FILE.csv or FILE.parquet (default: RUN_DIR/results.csv; for a run on object storage, "
+        "RUN-results.csv in the current folder)",
+    )
     ex.add_argument("--grid", help=GRID_HELP)
     ex.set_defaults(func=cmd_export)
 

@@ -56,10 +56,14 @@ def resume_command(args: argparse.Namespace, run_dir: str | None = None, grids: 
     ``grids`` (default: every grid of ``args``) are the grids still to run; with several, each keeps its
     default name, and ``--resume`` continues those that started and starts the others.
     """
+    from ablate.service.records.rundir import is_remote, split_run_dir
+
     names = [_grid_argument(g) for g in (grids if grids is not None else _grid_names(args))]
-    storage, name = str(Path(args.storage).expanduser().resolve()), args.name
+    storage, name = args.storage, args.name
+    if not is_remote(storage):
+        storage = str(Path(storage).expanduser().resolve())
     if run_dir is not None and len(names) == 1:
-        storage, name = str(run_dir).rstrip("/").rsplit("/", 1)
+        storage, name = split_run_dir(str(run_dir))
     options = options_from_args(args, storage=storage, name=name if len(names) == 1 else None)
     return shlex.join(["ablate", "run", *names, *resume_words(options), "--resume"])
 

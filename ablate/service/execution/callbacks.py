@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from ray.tune import Callback
@@ -32,8 +33,11 @@ class ResultLog(Callback):
     written beside the log (``error.json``, as for a trial that failed for good) and said in one line.
     """
 
-    def __init__(self):
+    def __init__(self, check: Callable[[], None] | None = None):
+        """``check()``: run before each write; it raises when the driver may no longer write the run (its lease on
+        object storage was lost, :class:`ablate.service.records.driver_lock.DriverCheck`), which ends the run."""
         super().__init__()
+        self._check = check or _unchecked
         self._offset: dict[str, float] = {}
         self._known: dict[str, tuple[int, int]] = {}  # folder -> (rows in its log, last step)
 
@@ -41,6 +45,7 @@ class ResultLog(Callback):
         record = record_of(trial.config)
         if record is None:
             return
+        self._check()
         for report in split_reports(result):  # several with --results-every: each its own row
             self._write_report(trial, record, report)
 
@@ -76,6 +81,7 @@ class ResultLog(Callback):
             _log.warning("trial %s failed (%s): %s", row["trial_id"], why, row[ERROR_KEY])
 
     def on_trial_start(self, iteration, trials, trial, **info):
+        self._check()
         for record in _records(trial):
             record.make()
             if not (record.last_row() or {}).get(ERROR_KEY):  # a failed pack member's error stays
@@ -89,6 +95,7 @@ class ResultLog(Callback):
         it reads as finished, not interrupted."""
         if pack_members(trial.config):
             return
+        self._check()
         config = config_from_params(flat_params(trial.config))
         for record in _records(trial):
             rows = record.rows()
@@ -103,8 +110,13 @@ class ResultLog(Callback):
             trace = ""
         lines = [line.strip() for line in str(trace).splitlines() if line.strip()]
         failures = getattr(trial, "num_failures", 1)  # Tune's count: the first failure and each retry's
+        self._check()
         for record in _records(trial):
             record.write_error(lines[-1] if lines else "the trial failed", max(int(failures or 1), 1))
+
+
+def _unchecked() -> None:
+    """A driver that holds a lock: it is never lost."""
 
 
 def _settings(params: dict[str, Any]) -> dict[str, Any]:

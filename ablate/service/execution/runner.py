@@ -14,7 +14,6 @@ import os
 import shutil
 import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 from ablate import __version__, ray_compat
@@ -29,18 +28,18 @@ from ablate.service.records.plan import Plan, check_trial_folders, plan_run
 from ablate.service.records.provenance import record_provenance
 from ablate.service.records.reader import read_marker
 from ablate.service.records.rundir import (
+    DRIVER_LEASE,
     DRIVER_LOCK,
     INTERRUPTED_FILE,
     MARKER_TIME_FORMAT,
     RUN_MARKER,
     RunError,
-    is_remote,
-    remove_file,
     resolve_run_dir,
     run_name,
     sweep_stale_temps,
     write_marker,
 )
+from ablate.service.records.store import LocalStore, as_store
 from ablate.service.specs.grids import Grid
 from ablate.service.specs.params import RECORD_KEY
 
@@ -61,7 +60,7 @@ PROGRESS_METRICS = ("step", "r2", "loss", "mcc")
 def _marker(grid: Grid, run_dir: str, plan: Plan | None, pack: int) -> dict[str, Any]:
     """The run marker after this run: the grid it ran last (name, scale, preset, YAML text, axes), every point ever
     run into the run (``points``: trial id → settings, the record readers trust) and each run's entry."""
-    before = read_marker(run_dir) if Path(run_dir, RUN_MARKER).exists() else {}
+    before = read_marker(run_dir) if as_store(run_dir).exists(RUN_MARKER) else {}
     points = dict(before.get("points") or {})
     if plan is not None:
         points.update({p.trial_id: json.loads(json.dumps(p.params, default=str)) for p in plan.points})
@@ -106,11 +105,12 @@ def _points_of(grid: str, runs: list[dict[str, Any]]) -> set[str]:
     return {i for r in runs if r.get("grid") == grid for i in r.get("points", [])}
 
 
-def _callbacks(tensorboard: bool) -> list:
-    """ablate's result log (:class:`ablate.service.execution.callbacks.ResultLog`), and TensorBoard's if asked for."""
+def _callbacks(tensorboard: bool, check) -> list:
+    """ablate's result log (:class:`ablate.service.execution.callbacks.ResultLog`, which runs ``check()`` before it
+    writes), and TensorBoard's if asked for."""
     from ablate.service.execution.callbacks import ResultLog
 
-    cbs: list = [ResultLog()]
+    cbs: list = [ResultLog(check)]
     if tensorboard:
         from ray.tune.logger import TBXLoggerCallback
 
@@ -145,8 +145,7 @@ def default_run_name(grid: Grid) -> str:
 
 def has_run_state(storage: str, name: str) -> bool:
     """Whether ``<storage>/<name>`` holds a run (its marker) that ``--resume`` can continue."""
-    run_dir = resolve_run_dir(storage, name)
-    return not is_remote(run_dir) and Path(run_dir, RUN_MARKER).is_file()
+    return as_store(resolve_run_dir(storage, name)).exists(RUN_MARKER)
 
 
 def run_grid(
@@ -201,10 +200,11 @@ def run_grid(
 
 @one_driver(lambda grid, opts: resolve_run_dir(opts.storage, opts.name or default_run_name(grid)))
 def _run_locked(
-    grid: Grid, opts: RunOptions, *, pack: int, num_cpus: int | None, on_start, on_plan, trainable
+    grid: Grid, opts: RunOptions, *, pack: int, num_cpus: int | None, on_start, on_plan, trainable, check
 ) -> RunOutcome:
     """Run a checked grid (:class:`CheckedRun`'s parts) holding the run directory's driver lock: open the record,
-    plan the run into it, let Ray Tune train what the plan left, and read the outcome back from the record."""
+    plan the run into it, let Ray Tune train what the plan left, and read the outcome back from the record.
+    ``check()`` raises when the driver may no longer write the run (its lease on object storage was lost)."""
     run_dir = resolve_run_dir(opts.storage, opts.name or default_run_name(grid))
     exists, pack = _open_record(grid, opts, run_dir, pack)
     plan = _plan_into(grid, opts, run_dir, pack, exists)
@@ -213,8 +213,9 @@ def _run_locked(
     started = time.time()
     if plan is not None and not plan.units:  # every point finished already: nothing for Ray to do
         return collect_outcome(grid, run_dir, plan, stop_signal=0, pack=pack, wall_s=0.0, errors={})
-    results, stop_signal = _fit(grid, opts, run_dir, plan, pack, num_cpus, trainable, on_start)
+    results, stop_signal = _fit(grid, opts, run_dir, plan, pack, num_cpus, trainable, on_start, check)
     errors = {_record_id(r.config): r.error for r in results if r.error is not None}
+    check()
     outcome = collect_outcome(
         grid, run_dir, plan, stop_signal=stop_signal, pack=pack, wall_s=time.time() - started, errors=errors
     )
@@ -224,17 +225,13 @@ def _run_locked(
 
 
 def _open_record(grid: Grid, opts: RunOptions, run_dir: str, pack: int) -> tuple[bool, int]:
-    """Check that ``run_dir`` may take this run (local; a run of the same kind, or a new folder;
-    ``--resume`` only where a run is) and tidy what a killed driver left. Returns (whether the run existed, the
-    pack size: the one the run was made with, where it exists)."""
-    if is_remote(run_dir):
-        raise RunError(
-            f"--storage {opts.storage}: ablate keeps its run record (result logs, checkpoints) as files that the "
-            "driver and every trial read and write; use a local folder, or one shared by every node (NFS, a SLURM "
-            "cluster's shared storage)"
-        )
-    exists = Path(run_dir, RUN_MARKER).is_file()  # the storage was found writable as the driver lock was taken
-    foreign = Path(run_dir).is_dir() and any(p.name != DRIVER_LOCK for p in Path(run_dir).iterdir())
+    """Check that ``run_dir`` may take this run (a run of the same kind, or a new folder; ``--resume`` only where a
+    run is) and tidy what a killed driver left. Returns (whether the run existed, the pack size: the one the run
+    was made with, where it exists)."""
+    store = as_store(run_dir)
+    entries = _entries(store)  # the storage was found writable as the driver lock was taken
+    exists = RUN_MARKER in entries
+    foreign = any(name not in (DRIVER_LOCK, DRIVER_LEASE) for name in entries)
     if not exists and foreign:
         raise RunError(
             f"{run_dir}: not an ablate run directory (no {RUN_MARKER}); ablate writes only into runs it made: "
@@ -257,11 +254,19 @@ def _open_record(grid: Grid, opts: RunOptions, run_dir: str, pack: int) -> tuple
             )
             pack = recorded
         check_trial_folders(run_dir)
-        _swept(sweep_stale_temps(run_dir))  # temporaries of writers killed earlier
+        if isinstance(store, LocalStore):  # object storage has no temporaries: each file is one upload
+            _swept(sweep_stale_temps(run_dir))  # temporaries of writers killed earlier
         if grid.search == "optuna":
             check_study(run_dir)
-    remove_file(f"{run_dir}/{INTERRUPTED_FILE}")  # a driver runs the trials again
+    store.delete(INTERRUPTED_FILE)  # a driver runs the trials again
     return exists, pack
+
+
+def _entries(store) -> list[str]:
+    """The names in the run directory (files and folders; on disk its temporaries too): [] for none."""
+    if isinstance(store, LocalStore):
+        return [p.name for p in store.root.iterdir()] if store.root.is_dir() else []
+    return store.list(dirs=False) + store.list(dirs=True)
 
 
 def _plan_into(grid: Grid, opts: RunOptions, run_dir: str, pack: int, exists: bool) -> Plan | None:
@@ -283,7 +288,7 @@ def _plan_into(grid: Grid, opts: RunOptions, run_dir: str, pack: int, exists: bo
 
 
 def _fit(
-    grid: Grid, opts: RunOptions, run_dir: str, plan: Plan | None, pack: int, num_cpus, trainable, on_start
+    grid: Grid, opts: RunOptions, run_dir: str, plan: Plan | None, pack: int, num_cpus, trainable, on_start, check
 ) -> tuple[Any, int]:
     """Start (or join) Ray and let Tune train the plan's units or the search's trials; (Tune's results, the
     signal that stopped the run or 0)."""
@@ -315,7 +320,7 @@ def _fit(
             storage_path=ray_storage,
             checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=0, checkpoint_at_end=False),
             failure_config=tune.FailureConfig(max_failures=opts.max_failures),
-            callbacks=_callbacks(opts.tensorboard),
+            callbacks=_callbacks(opts.tensorboard, check),
             progress_reporter=_reporter(grid),
             verbose=opts.verbose,
         ),

@@ -152,8 +152,9 @@ class AblateTrainable(tune.Trainable):
         """Continue from the trial's newest checkpoint that loads and that its result log covers (the driver cut
         the log back to it before the run; a retry within the run finds the one it wrote last).
 
-        The trial holds its folder's lock while it trains: a search that suggests a setting a trial of the run is
-        training right now (the same folder) waits for it, then continues it (or reports its end)."""
+        The trial holds its folder's lock (a lease on object storage) while it trains: a search that suggests a
+        setting a trial of the run is training right now (the same folder) waits for it, then continues it (or
+        reports its end)."""
         self._finished_row = None
         own = self._own()
         if own is None:
@@ -213,6 +214,9 @@ class AblateTrainable(tune.Trainable):
             self._unsaved = True  # written at the next chosen report, or by _flush_checkpoint at a stop
             return
         self._checkpoint_at, self._unsaved = now, False
+        lock = getattr(self, "_record_lock", None)
+        if lock is not None:  # a lease (object storage) lost to another trial of this setting: write nothing more
+            lock.check()
         writer = getattr(self, "_writer", None)
         if writer is None or writer.trial_dir != own.folder:  # one per record (_release_record finishes it)
             if writer is not None:

@@ -16,7 +16,8 @@ from typing import Any
 
 from ablate.service.records.plan import Plan
 from ablate.service.records.reader import RunReader
-from ablate.service.records.rundir import INTERRUPTED, INTERRUPTED_FILE, TRIAL_PREFIX, RunError, write_text
+from ablate.service.records.rundir import INTERRUPTED, INTERRUPTED_FILE, TRIAL_PREFIX, RunError, is_remote
+from ablate.service.records.store import as_store
 from ablate.service.specs.grids import Grid, axis_text
 
 __all__ = [
@@ -85,7 +86,7 @@ class TrialOutcome:
 class RunOutcome:
     """What a run produced: where it lives and each trial's end state."""
 
-    run_dir: Path
+    run_dir: Path | str  # a local path, or the run's URI on object storage
     grid: Grid
     trials: list[TrialOutcome] = field(default_factory=list)
     best_config: dict[str, Any] | None = None
@@ -123,9 +124,10 @@ def collect_outcome(
 ) -> RunOutcome:
     """The run's outcome from the run directory's files: one :class:`TrialOutcome` per point of ``grid`` (every
     trial of a search), INTERRUPTED where a signal (``stop_signal``, 0 for none) stopped a trial, PENDING where one
-    never started; records the stopped trials in ``RUN_DIR/ablate_interrupted.json``. ``errors``: the errors Ray
+    never started; records the stopped trials in ``RUN_DIR/ablate_interrupted.json`` (through the run's store). ``errors``: the errors Ray
     returned (a full disk among them is named in :attr:`RunOutcome.storage_full`)."""
-    outcome = RunOutcome(run_dir=Path(run_dir), grid=grid, wall_s=wall_s, plan=plan)
+    where = run_dir if is_remote(run_dir) else Path(run_dir)
+    outcome = RunOutcome(run_dir=where, grid=grid, wall_s=wall_s, plan=plan)
     outcome.stop_signal = stop_signal
     outcome.interrupted = bool(stop_signal)
     reader = RunReader(run_dir)
@@ -148,7 +150,8 @@ def collect_outcome(
             break
     if outcome.interrupted:
         stopped = [t.trial_id for t in outcome.unfinished]
-        write_text(f"{run_dir}/{INTERRUPTED_FILE}", json.dumps({"trials": stopped, "time": time.time()}, indent=1))
+        info = {"trials": stopped, "time": time.time()}
+        as_store(run_dir).write_text(INTERRUPTED_FILE, json.dumps(info, indent=1))
     return outcome
 
 

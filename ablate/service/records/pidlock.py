@@ -8,8 +8,8 @@ believed only while the lock is held. The descriptor is not inherited by process
 opens it close-on-exec), so Ray's processes never keep a dead driver's lock.
 
 Limits: a lock needs a local file system, or NFS (Linux emulates ``flock`` with NFS byte-range locks there).
-Object stores (``s3://``, ``gs://``) have no locks at all: a run directory on remote storage is not protected
-against a second driver, and nothing can tell whether its driver is alive.
+Object stores (``s3://``, ``gs://``) have no locks at all: a run directory there is kept by a lease with a heartbeat
+in their place (:mod:`ablate.service.records.lease`), which expires rather than being released by a kernel.
 """
 
 from __future__ import annotations
@@ -120,6 +120,10 @@ class PidLock:
             with contextlib.suppress(OSError):
                 os.close(self.fd)  # closing the only descriptor releases the flock
             self.fd = None
+
+    def check(self) -> None:
+        """Nothing to check: an ``flock`` is held until released (as :meth:`Lease.check
+        <ablate.service.records.lease.Lease.check>` is asked, before a write)."""
 
     def __enter__(self) -> PidLock:
         return self.acquire()

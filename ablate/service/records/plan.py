@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from ablate.config import RunConfig
+from ablate.files import is_remote, local_path
 from ablate.service.records.record import RunRecord, TrialRecord
 from ablate.service.records.rundir import TRIAL_PREFIX, RunError
+from ablate.service.records.store import Store, as_store
 from ablate.service.records.trial import (
     key_of,
     member_steps,
@@ -100,7 +102,7 @@ def grid_points(grid: Grid) -> list[Point]:
     return points
 
 
-def _existing(run_dir: Path) -> dict[str, str]:
+def _existing(run_dir: Store) -> dict[str, str]:
     """key → trial id of the trial folders already in the run (a point keeps the folder it was first given)."""
     out = {}
     for trial in RunRecord(run_dir).points():
@@ -108,7 +110,7 @@ def _existing(run_dir: Path) -> dict[str, str]:
     return out
 
 
-def _rows(run_dir: Path, trial_id: str) -> list[dict[str, Any]]:
+def _rows(run_dir: Store, trial_id: str) -> list[dict[str, Any]]:
     return TrialRecord(run_dir, trial_id).rows()
 
 
@@ -121,7 +123,7 @@ def decide(config: RunConfig, rows: list[dict[str, Any]]) -> str:
     return "continue" if rows else "start"
 
 
-def _write_params(run_dir: Path, point: Point) -> None:
+def _write_params(run_dir: Store, point: Point) -> None:
     trial = TrialRecord(run_dir, point.trial_id)
     trial.write_params(point.params)
     trial.clear_error()
@@ -150,10 +152,13 @@ def _check_budget(points: list[Point], logs: dict[str, list[dict[str, Any]]]) ->
         )
 
 
-def check_trial_folders(run_dir: str | Path) -> None:
+def check_trial_folders(run_dir: str | os.PathLike) -> None:
     """Refuse (:class:`RunError`) a run whose trial folder is a link, or leads out of the run directory: ablate
-    writes only inside the run, and a link would have it write (and cut logs, drop checkpoints) elsewhere."""
-    run_dir = Path(run_dir)
+    writes only inside the run, and a link would have it write (and cut logs, drop checkpoints) elsewhere. Object
+    storage has no links: nothing to check there."""
+    if is_remote(run_dir):
+        return
+    run_dir = local_path(run_dir)
     root = run_dir.resolve()
     for folder in sorted(run_dir.glob(f"{TRIAL_PREFIX}*")):
         target = folder.resolve()
@@ -165,7 +170,13 @@ def check_trial_folders(run_dir: str | Path) -> None:
 
 
 def plan_run(
-    grid: Grid, run_dir: str | Path, *, pack: int = 1, keep: int = 2, every: float = 0.0, results_every: float = 0.0
+    grid: Grid,
+    run_dir: str | os.PathLike | Store,
+    *,
+    pack: int = 1,
+    keep: int = 2,
+    every: float = 0.0,
+    results_every: float = 0.0,
 ) -> Plan:
     """Decide what running ``grid`` into the run directory does (:func:`decide_run`) and write it
     (:func:`apply_plan`): each point's params.json, new packs' pack.json, the logs of the trials that continue cut
@@ -175,7 +186,13 @@ def plan_run(
 
 
 def decide_run(
-    grid: Grid, run_dir: str | Path, *, pack: int = 1, keep: int = 2, every: float = 0.0, results_every: float = 0.0
+    grid: Grid,
+    run_dir: str | os.PathLike | Store,
+    *,
+    pack: int = 1,
+    keep: int = 2,
+    every: float = 0.0,
+    results_every: float = 0.0,
 ) -> Plan:
     """What running ``grid`` into ``run_dir`` does, decided from the run directory's files without writing any:
     per point reuse, continue (from which step) or start; the packs; and what :func:`apply_plan` will write.
@@ -185,7 +202,7 @@ def decide_run(
     their members). ``keep``: checkpoints each trial keeps; ``every``: seconds between its checkpoints (0: every
     report); ``results_every``: seconds between a trial's results to Ray (0: a result per report).
     """
-    run_dir = Path(run_dir)
+    run_dir = as_store(run_dir)
     existing = _existing(run_dir)
     points = grid_points(grid)
     for p in points:  # a point first recorded under another readable name keeps its folder
@@ -202,7 +219,7 @@ def decide_run(
         plan.params.append(p)
         (plan.continued if action == "continue" else plan.started).append(p.trial_id)
         todo.append(p)
-    record = {"dir": str(run_dir), "keep": keep, "every": every, "results_every": results_every}
+    record = {"dir": str(RunRecord(run_dir).dir), "keep": keep, "every": every, "results_every": results_every}
     if pack > 1:
         _plan_packs(plan, todo, run_dir, pack, record)
         return plan
@@ -212,10 +229,10 @@ def decide_run(
     return plan
 
 
-def apply_plan(plan: Plan, run_dir: str | Path) -> Plan:
+def apply_plan(plan: Plan, run_dir: str | os.PathLike | Store) -> Plan:
     """Write what ``plan`` decided: params.json of its points, pack.json of its new packs, each cut log (saying
     when reports are run again) and the checkpoints past each cut dropped. Returns ``plan``."""
-    run_dir = Path(run_dir)
+    run_dir = as_store(run_dir)
     for p in plan.params:
         _write_params(run_dir, p)
     for pid, members in plan.new_packs.items():
@@ -230,7 +247,7 @@ def apply_plan(plan: Plan, run_dir: str | Path) -> Plan:
     return plan
 
 
-def _continue_solo(plan: Plan, run_dir: Path, point: Point) -> None:
+def _continue_solo(plan: Plan, run_dir: Store, point: Point) -> None:
     """Where a trial continues from: its newest checkpoint that loads and that its log covers (step 0 without
     one); its log is cut back to it and the checkpoints past it dropped (:func:`apply_plan`)."""
     trial = TrialRecord(run_dir, point.trial_id)
@@ -239,7 +256,7 @@ def _continue_solo(plan: Plan, run_dir: Path, point: Point) -> None:
     plan.drops[point.trial_id] = state["step"] if state is not None else None
 
 
-def _recorded_packs(run_dir: Path) -> dict[str, list[str]]:
+def _recorded_packs(run_dir: Store) -> dict[str, list[str]]:
     """pack id → its members' trial ids, from the pack folders already in the run."""
     out = {}
     for pack in RunRecord(run_dir).packs():
@@ -249,7 +266,7 @@ def _recorded_packs(run_dir: Path) -> dict[str, list[str]]:
     return out
 
 
-def _plan_packs(plan: Plan, todo: list[Point], run_dir: Path, size: int, record: dict[str, Any]) -> None:
+def _plan_packs(plan: Plan, todo: list[Point], run_dir: Store, size: int, record: dict[str, Any]) -> None:
     """Packs in the run that hold a point to train continue with their members; the other points are packed anew."""
     from ablate.core.pack_fields import can_pack, pack_groups
 
@@ -279,7 +296,7 @@ def _plan_packs(plan: Plan, todo: list[Point], run_dir: Path, size: int, record:
         plan.units.append(_pack_unit(points, {**record, "id": pid}))
 
 
-def _recorded_point(run_dir: Path, trial_id: str) -> Point | None:
+def _recorded_point(run_dir: Store, trial_id: str) -> Point | None:
     """A pack member that is not a point of this grid, from its params.json."""
     params = TrialRecord(run_dir, trial_id).read_params()
     if params is None:
@@ -290,7 +307,7 @@ def _recorded_point(run_dir: Path, trial_id: str) -> Point | None:
         return None
 
 
-def _continue_pack(plan: Plan, run_dir: Path, pid: str, points: list[Point]) -> None:
+def _continue_pack(plan: Plan, run_dir: Store, pid: str, points: list[Point]) -> None:
     """Where a pack continues from: its newest checkpoint its members' logs cover; each member's log is cut back to
     its step in it and the pack's checkpoints past it dropped (:func:`apply_plan`)."""
     logs = [TrialRecord(run_dir, p.trial_id).raw_rows() for p in points]

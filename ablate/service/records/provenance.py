@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from ablate.service.records.reader import RunReader
-from ablate.service.records.rundir import ENVIRONMENT_FILE, PROVENANCE_FILE, atomic_write
+from ablate.service.records.rundir import ENVIRONMENT_FILE, PROVENANCE_FILE
+from ablate.service.records.store import as_store
 
 __all__ = ["SCIENCE_KEYS", "collect", "distributions", "record_provenance", "science_changes", "summary_line"]
 
@@ -176,7 +177,7 @@ def record_provenance(run_dir: str, event: str, plugins: list[dict[str, Any]] | 
     distributions beside it; on a resume, warn (and return) what changed since the last record that can change
     the run's numbers (``torch: 2.13.0 -> 2.14.1``). ``plugins``: the plugin parts the run's points name (kind,
     name, distribution, version; :meth:`ablate.plugins.Plugin.provenance`)."""
-    before = RunReader(run_dir).provenance()
+    before = RunReader(as_store(run_dir)).provenance()
     record = collect(event=event)
     if plugins:
         record["plugins"] = plugins
@@ -187,9 +188,7 @@ def record_provenance(run_dir: str, event: str, plugins: list[dict[str, Any]] | 
             "reports may not equal a run that never stopped",
             "; ".join(changes),
         )
-    path = Path(run_dir, PROVENANCE_FILE)
-    text = "".join(json.dumps(r) + "\n" for r in [*before, record])
-    atomic_write(path, lambda p: p.write_text(text))
-    env = distributions()
-    atomic_write(Path(run_dir, ENVIRONMENT_FILE), lambda p: p.write_text(env))
+    store = as_store(run_dir)  # each file written whole: on disk atomically, on object storage one upload
+    store.write_text(PROVENANCE_FILE, "".join(json.dumps(r) + "\n" for r in [*before, record]))
+    store.write_text(ENVIRONMENT_FILE, distributions())
     return changes

@@ -9,8 +9,10 @@ import os
 from typing import Any
 
 from ablate.marker import marker_problem
+from ablate.service.records.lease import holder
 from ablate.service.records.pidlock import lock_holder
 from ablate.service.records.rundir import (
+    DRIVER_LEASE,
     DRIVER_LOCK,
     ERROR_FILE,
     INTERRUPTED_FILE,
@@ -142,15 +144,23 @@ class RunReader:
         text = self.read_text(trial_dir, PARAMS_FILE)
         return _parsed(text) if text else None
 
+    def driver(self) -> dict[str, Any] | None:
+        """The live `ablate run` writing the run ({pid, host, since, …}), or None: the holder of :data:`DRIVER_LOCK`
+        on a local run; on object storage the holder of a fresh :data:`DRIVER_LEASE` (its heartbeat within its ttl
+        by this machine's clock, :mod:`ablate.service.records.lease`)."""
+        if isinstance(self.store, LocalStore):
+            return lock_holder(self.store.join(DRIVER_LOCK))
+        return holder(self.store, DRIVER_LEASE)
+
     def driver_live(self) -> bool:
-        """Whether an `ablate run` is writing the run now: it holds :data:`DRIVER_LOCK` and no Ctrl-C stopped it."""
-        live = isinstance(self.store, LocalStore) and lock_holder(self.store.join(DRIVER_LOCK)) is not None
-        return live and self.read_text(INTERRUPTED_FILE) is None
+        """Whether an `ablate run` is writing the run now: it holds the driver's lock (a fresh lease on object
+        storage, :meth:`driver`) and no Ctrl-C stopped it."""
+        return self.driver() is not None and self.read_text(INTERRUPTED_FILE) is None
 
     def trial_states(self) -> dict[str, dict[str, Any]]:
         """trial_id → {status, params, config, failures, iteration, pack, error, stopped_early} of each point of the
         run, from ablate's files alone (:func:`ablate.service.records.trial_log.trial_status`; a driver is live while it holds the
-        run's lock, :data:`DRIVER_LOCK`, and no Ctrl-C stopped it). ``stopped_early``: the step of the last report of
+        run's lock or lease, :meth:`driver`, and no Ctrl-C stopped it). ``stopped_early``: the step of the last report of
         a trial its scheduler stopped before its stop settings (TERMINATED, with :data:`STOPPED_FILE` beside its
         log), else None."""
         points = self.points() or {n.removeprefix(TRIAL_PREFIX): self.params(n) or {} for n in self.trial_dirs()}

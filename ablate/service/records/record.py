@@ -2,7 +2,7 @@
 
 Code that runs a grid (the driver's result log, the Trainables, the scheduler's rungs, the search) reaches a trial's
 folder only through these: where the folder is, its params, its result log (read, append, rewrite), its error and
-stopped files, its lock and its checkpoints. They write through the run directory's
+stopped files, its lock (a lease on object storage) and its checkpoints. They write through the run directory's
 :class:`~ablate.service.records.store.Store` (a path, a URI or a store: :func:`~ablate.service.records.store.open_store`).
 Every write is of a whole file, atomic (on disk :func:`ablate.files.atomic_write`, on object storage one upload),
 but the local log's append, which a kill may cut and the next append cuts back
@@ -27,6 +27,7 @@ from typing import Any
 
 from ablate.files import atomic_write
 from ablate.service.records import trial as checkpoints
+from ablate.service.records.lease import SETTLE_S, Lease
 from ablate.service.records.pidlock import LockHeld, PidLock
 from ablate.service.records.rundir import (
     BEST_CONFIG_FILE,
@@ -54,6 +55,7 @@ from ablate.service.records.trial_log import (
 )
 
 __all__ = [
+    "TRIAL_LEASE",
     "TRIAL_LOCK",
     "RunRecord",
     "TrialRecord",
@@ -64,6 +66,10 @@ __all__ = [
 
 #: The lock a trial holds on its folder while it trains (:mod:`ablate.service.records.pidlock`).
 TRIAL_LOCK = ".trial.lock"
+#: Its lease on object storage, which has no lock (:mod:`ablate.service.records.lease`).
+TRIAL_LEASE = ".trial.lease"
+#: How long a trial's lease stays fresh without a heartbeat (renewed every third of it).
+TRIAL_TTL_S = 60.0
 
 
 def folder_name(trial_id: str) -> str:
@@ -216,26 +222,35 @@ class TrialRecord:
         self.store.delete(self._key(STOPPED_FILE))
 
     # ---------------------------------------------------------------- lock and checkpoints
-    def hold(self, on_wait: Callable[[LockHeld, float], None] | None = None, *, say_every_s: float = 300.0) -> PidLock:
+    def hold(
+        self,
+        on_wait: Callable[[LockHeld, float], None] | None = None,
+        *,
+        say_every_s: float = 300.0,
+        ttl_s: float = TRIAL_TTL_S,
+        settle_s: float = SETTLE_S,
+    ) -> PidLock | Lease:
         """Take the trial's lock (creating the folder), waiting while another process holds it; ``on_wait(held,
-        seconds waited)`` at once and every ``say_every_s`` while it waits.
+        seconds waited)`` at once and every ``say_every_s`` while it waits. What it returns is let go with
+        ``release()``; ``check()`` before a write raises when it was lost (only a lease can be).
 
         There is no time limit, by design: the lock is an ``flock``, released by the kernel when its holder dies
         (:mod:`ablate.service.records.pidlock`), so a held lock is a live process training this very setting (a
         search that suggests a setting its run is training now), and waiting for it is the right thing to do.
 
-        Only a local run has one: on object storage, which has no ``flock``, it raises NotImplementedError (a trial
-        there needs a lease, which expires, in its place)."""
+        On object storage, which has no ``flock``, it is a lease (:data:`TRIAL_LEASE`,
+        :mod:`ablate.service.records.lease`; ``ttl_s`` and ``settle_s`` its settings) renewed by a heartbeat thread:
+        a fresh one is waited for as a held lock is, and a dead holder's is taken over once stale (``ttl_s``)."""
         if self.local is None:
-            raise NotImplementedError(
-                f"{self.folder}: a trial on object storage cannot take its folder's lock (an flock, which only a "
-                "local run directory has); it needs a lease (ablate.service.records.lease) in its place"
-            )
-        self.make()
-        lock, started, said = PidLock(self.local / TRIAL_LOCK), time.monotonic(), -math.inf
+            lease = Lease(self.store, self._key(TRIAL_LEASE), ttl_s=ttl_s, settle_s=settle_s)
+            take: Callable[[], PidLock | Lease] = lambda: lease.acquire().start_heartbeat()  # noqa: E731
+        else:
+            self.make()
+            take = PidLock(self.local / TRIAL_LOCK).acquire
+        started, said = time.monotonic(), -math.inf
         while True:
             try:
-                return lock.acquire()
+                return take()
             except LockHeld as held:
                 now = time.monotonic()
                 if on_wait is not None and now - said >= say_every_s:

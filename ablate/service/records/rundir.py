@@ -5,7 +5,8 @@ A run lives in ``<storage>/<name>``, a local folder or a pyarrow filesystem URI 
 ablate writes :data:`RUN_MARKER` there first (the grid, its scale and the YAML text): ``--resume``,
 ``status``, ``export``, ``claims`` and ``report`` refuse a directory without it, so nothing is ever read
 (let alone unpickled) from a directory ablate did not write. Every other module names the files of a run
-through the constants here and writes through :func:`atomic_write` / :func:`write_text`.
+through the constants here and writes through the run directory's store
+(:func:`ablate.service.records.store.as_store`: on disk atomically, on object storage one upload a file).
 
 Layout of a run directory::
 
@@ -22,6 +23,8 @@ Layout of a run directory::
     ablate_environment.txt     the installed distributions at the newest start or resume (ENVIRONMENT_FILE)
     ablate_interrupted.json    present while a run stopped by Ctrl-C waits for --resume (INTERRUPTED_FILE)
     ablate_driver.lock         locked by the live `ablate run` writing the run: pid, host, start (DRIVER_LOCK)
+    ablate_driver.lease        on object storage, in its place: the live driver's lease (DRIVER_LEASE)
+    trial_<id>/.trial.lock     locked by the trial training in the folder (.trial.lease on object storage)
     trial_pack-<key>/pack.json a pack's folder (checkpoints of its members' stacked state): its members' ids
 
 Ray Tune's own files (experiment snapshots, tuner.pkl, error.pkl) never enter a run directory (see the runner).
@@ -32,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 from typing import Any
 
 from ablate.files import (  # re-exported: the run directory's writes
@@ -44,9 +48,11 @@ from ablate.files import (  # re-exported: the run directory's writes
     write_text,
 )
 from ablate.messages import quote
+from ablate.service.records.store import as_store, open_store
 
 __all__ = [
     "BEST_CONFIG_FILE",
+    "DRIVER_LEASE",
     "DRIVER_LOCK",
     "INTERRUPTED",
     "INTERRUPTED_FILE",
@@ -72,7 +78,9 @@ __all__ = [
     "remove_file",
     "resolve_run_dir",
     "run_name",
+    "split_run_dir",
     "sweep_stale_temps",
+    "write_marker",
     "write_text",
 ]
 
@@ -109,6 +117,8 @@ STOPPED_FILE = "stopped.json"
 INTERRUPTED_FILE = "ablate_interrupted.json"
 #: The driver's lock (ablate.service.records.pidlock): `ablate run` holds it for its whole life; no lock held = no live driver.
 DRIVER_LOCK = "ablate_driver.lock"
+#: The driver's lease on object storage, which has no lock (ablate.service.records.lease): fresh while a driver lives.
+DRIVER_LEASE = "ablate_driver.lease"
 #: The status ablate shows for a trial that a Ctrl-C stopped before it finished (Ray's snapshot says RUNNING).
 INTERRUPTED = "INTERRUPTED"
 
@@ -153,11 +163,20 @@ def run_name(grid: str, scale: str, preset: str | None = None) -> str:
 
 
 def resolve_run_dir(storage: str, name: str) -> str:
-    """``<storage>/<name>`` (local paths made absolute); ``name`` must be one folder name (:func:`check_run_name`)."""
+    """``<storage>/<name>`` (local paths made absolute; a URI's query stays at its end, ``s3://b/runs/NAME?query``);
+    ``name`` must be one folder name (:func:`check_run_name`)."""
     check_run_name(name)
     if is_remote(storage):
-        return storage.rstrip("/") + "/" + name
+        base, mark, query = storage.partition("?")
+        return f"{base.rstrip('/')}/{name}{mark}{query}"
     return str(local_path(storage).expanduser().resolve() / name)
+
+
+def split_run_dir(run_dir: str) -> tuple[str, str]:
+    """(storage, name) of a run directory :func:`resolve_run_dir` made (a URI's query stays with its storage)."""
+    base, mark, query = str(run_dir).partition("?") if is_remote(run_dir) else (str(run_dir), "", "")
+    storage, name = base.rstrip("/").rsplit("/", 1)
+    return storage + mark + query, name
 
 
 def optuna_storage_url(run_dir: str | os.PathLike) -> str:
@@ -166,8 +185,10 @@ def optuna_storage_url(run_dir: str | os.PathLike) -> str:
 
 
 def check_writable(storage: str) -> None:
-    """Fail early with a clear message when a local ``storage`` folder cannot be written."""
+    """Fail early, in one line naming ``storage`` and the reason, when it cannot be written: a probe file written
+    and removed again (on object storage through its store: a missing bucket, no credentials, a wrong endpoint)."""
     if is_remote(storage):
+        _check_remote(storage)
         return
     root = local_path(storage).expanduser()
     probe = root / f".ablate-write-test-{os.getpid()}"
@@ -181,6 +202,18 @@ def check_writable(storage: str) -> None:
             probe.unlink(missing_ok=True)
 
 
+def _check_remote(storage: str) -> None:
+    probe = f".ablate-write-test-{os.getpid()}"
+    try:
+        store = open_store(storage)
+        store.write_text(probe, "ok")
+        store.delete(probe)
+    except (OSError, ValueError) as exc:  # pyarrow: OSError from the store, ArrowInvalid (a ValueError) for the URI
+        reason = exc.strerror if isinstance(exc, WriteError) else str(exc)
+        reason = re.sub(r"\s*\(Request ID: [^)]*\)", "", " ".join(str(reason).split()))  # one line, no request id
+        raise RunError(f"storage {storage}: not writable ({reason}); choose another --storage") from None
+
+
 def write_marker(run_dir: str, info: dict[str, Any]) -> None:
-    """Write the run marker (atomically on local disk)."""
-    write_text(f"{run_dir.rstrip('/')}/{RUN_MARKER}", json.dumps(info, indent=1))
+    """Write the run marker through the run directory's store (atomically on local disk, one upload remotely)."""
+    as_store(run_dir).write_text(RUN_MARKER, json.dumps(info, indent=1))

@@ -1,25 +1,49 @@
-"""A run read from object storage (issue "The run record on object storage", item 3): `ablate status`, `export`,
-`report`, `compare` and `claims` read a run directory at an ``s3://`` URI as they read it on disk.
+"""A run on object storage (issue "The run record on object storage"): `ablate status`, `export`, `report`,
+`compare` and `claims` read a run directory at an ``s3://`` URI as they read it on disk, and `ablate run --storage
+s3://…` writes a grid's run there (its driver and trials holding leases in place of locks), resumable as on disk.
+An Optuna search there, and storage that cannot be written, are refused in one line before Ray starts.
 
 The store is a real S3 server (moto's standalone server, as Ray's own storage tests use) that the test starts on
 127.0.0.1 (tests/s3_server.py), reached through pyarrow's S3 client with the endpoint in the URI, as a researcher
-would name MinIO or a cloud bucket. Writing a run there (`ablate run --storage s3://…`) is not built yet and is
-refused in one line.
+would name MinIO or a cloud bucket.
 """
 
 from __future__ import annotations
 
-import subprocess
-import sys
+import json
+import os
+import pickle
+import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
+from conftest import run_logged, smoke_cmd
 from s3_server import s3_server
 from unfinished_runs import finished_smoke_run
 
 from ablate import cli
 from ablate.analysis.results import load_results
+from ablate.service.execution.callbacks import ResultLog
+from ablate.service.records.driver_lock import DRIVER_TTL_S, DriverCheck, busy_message, driver_lease, one_driver
+from ablate.service.records.lease import LeaseLost
+from ablate.service.records.reader import RunReader
+from ablate.service.records.rundir import (
+    DRIVER_LEASE,
+    ENVIRONMENT_FILE,
+    INTERRUPTED_FILE,
+    PARAMS_FILE,
+    PROVENANCE_FILE,
+    RESULT_FILE,
+    RUN_MARKER,
+    RunError,
+    check_writable,
+    resolve_run_dir,
+)
+from ablate.service.records.store import as_store
+from ablate.service.specs.params import RECORD_KEY
 
 
 @pytest.fixture(scope="module")
@@ -85,12 +109,141 @@ def test_a_run_on_s3_reads_as_it_does_on_disk(s3_store, tmp_path, capsys, monkey
     assert remote_claims == capsys.readouterr().out.replace(str(local), uri)
 
 
-def test_a_uri_that_holds_no_run_and_writing_a_run_there_are_refused_in_one_line(s3_store, tmp_path, capsys):
+def test_a_uri_that_holds_no_run_is_refused_in_one_line(s3_store, capsys):
     assert cli.main(["status", f"s3://runs/lab/none?{s3_store}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "not an ablate run directory" in err[0], err
-    argv = ["run", "batch_vs_dim", "--scale", "smoke", "--storage", f"s3://runs/lab?{s3_store}"]
-    done = subprocess.run([sys.executable, "-m", "ablate.cli", *argv], capture_output=True, text=True, timeout=120)
-    assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
-    (line,) = [x for x in done.stderr.splitlines() if x.startswith("ablate: error:")]
-    assert "ablate keeps its run record" in line and "use a local folder" in line
+
+
+def test_a_search_on_object_storage_is_refused_in_one_line_before_ray(ablate_cli):
+    """An Optuna search keeps its study in SQLite (optuna.db), which needs a file system: refused before anything
+    is written (the URI's endpoint is never even reached)."""
+    storage = "s3://runs/lab?endpoint_override=127.0.0.1:1&scheme=http"
+    line = ablate_cli("run", "tune_aninfonce", "--scale", "smoke", "--storage", storage).refusal()
+    assert line == (
+        f"ablate: error: --storage {storage}: tune_aninfonce is an Optuna search, whose study is a SQLite file "
+        "(optuna.db) that needs a file system; run the search on local or shared storage (a folder every node "
+        "reaches)"
+    ), line
+
+
+def test_storage_that_cannot_be_written_is_refused_in_one_line_naming_it(s3_store, ablate_cli):
+    """A missing bucket: the probe write fails before the driver's lease is taken or Ray starts."""
+    storage = f"s3://no-such-bucket/lab?{s3_store}"
+    with pytest.raises(RunError) as refused:
+        check_writable(storage)
+    assert str(refused.value).startswith(f"storage {storage}: not writable (") and "\n" not in str(refused.value)
+    line = ablate_cli("run", "batch_vs_dim", "--scale", "smoke", "--storage", storage, "--no-dashboard").refusal()
+    assert line == f"ablate: error: {refused.value}", line
+    there = f"s3://runs/{uuid.uuid4().hex[:8]}?{s3_store}"
+    check_writable(there)  # a bucket that is there: the probe is written and removed
+    assert _keys(there) == []
+
+
+def test_the_driver_s_lease_refuses_a_second_driver_and_tells_a_live_one(s3_store):
+    """On object storage the driver holds a lease (ablate_driver.lease) instead of a lock: a second driver is
+    refused naming the first, ``RunReader.driver_live`` is true while it is fresh, and a lost lease stops the
+    driver's writes (:class:`DriverCheck`, also once pickled into another process as Ray Client does)."""
+    uri = f"s3://runs/lab/{uuid.uuid4().hex[:8]}?{s3_store}"
+    reader = RunReader(uri)
+    assert not reader.driver_live() and reader.driver() is None
+    first = driver_lease(uri, settle_s=0.0)
+    try:
+        with pytest.raises(RunError) as refused:
+            driver_lease(uri, settle_s=0.0)
+        held = reader.driver()
+        assert str(refused.value) == busy_message(uri, held), refused.value
+        assert f"is being written by ablate pid {os.getpid()} on host " in str(refused.value)
+        assert held["ttl_s"] == DRIVER_TTL_S and reader.driver_live()
+        assert as_store(uri).list(dirs=False) == [DRIVER_LEASE]
+        as_store(uri).write_text(INTERRUPTED_FILE, "{}")  # a Ctrl-C stopped it: not live, though it holds the lease
+        assert not reader.driver_live()
+        as_store(uri).delete(INTERRUPTED_FILE)
+
+        check, shipped = DriverCheck(first), pickle.loads(pickle.dumps(DriverCheck(first)))
+        check(), shipped()
+        taken = {**json.loads(as_store(uri).read_text(DRIVER_LEASE)), "token": "another driver's"}
+        as_store(uri).write_text(DRIVER_LEASE, json.dumps(taken))  # taken over (as after a stall past its ttl)
+        with pytest.raises(LeaseLost):
+            shipped()
+        with pytest.raises(LeaseLost):
+            first.renew()
+        with pytest.raises(LeaseLost, match="now held by pid"):
+            check()
+        trial = SimpleNamespace(config={RECORD_KEY: {"dir": uri, "id": "x"}}, trial_id="x")
+        with pytest.raises(LeaseLost):  # the driver's result log writes no more rows
+            ResultLog(check).on_trial_result(1, [], trial, {"step": 5, "r2": 0.5})
+        assert not as_store(uri).exists("trial_x")
+    finally:
+        first.release()
+    assert reader.driver() is not None  # another's lease is left as it is
+    as_store(uri).delete(DRIVER_LEASE)
+    assert not reader.driver_live()
+
+
+def test_one_driver_holds_the_lease_for_the_call_and_refuses_a_second(s3_store):
+    """driver_lock.one_driver on object storage: the lease is taken after the storage is probed, held while the
+    call runs (a second driver of the run is refused), and deleted after it."""
+    opts = SimpleNamespace(storage=f"s3://runs/lab?{s3_store}", name=uuid.uuid4().hex[:8], resume=False)
+    uri = resolve_run_dir(opts.storage, opts.name)
+
+    @one_driver(lambda grid, o: resolve_run_dir(o.storage, o.name))
+    def run(grid, o, *, check):
+        check()
+        assert RunReader(uri).driver_live()
+        with pytest.raises(RunError, match="is being written by ablate pid"):
+            run(grid, o)
+        return "ran"
+
+    assert run(None, opts) == "ran"
+    assert RunReader(uri).driver() is None and _keys(uri) == []
+
+
+def _keys(uri: str) -> list[str]:
+    """Every object under ``uri``, relative to it."""
+    import pyarrow.fs as pafs
+
+    store = as_store(uri)
+    infos = store.fs.get_file_info(pafs.FileSelector(store.root, recursive=True, allow_not_found=True))
+    return sorted(i.path.removeprefix(store.root + "/") for i in infos if i.type == pafs.FileType.File)
+
+
+_TIMING = ["time_total_s", "prefetch"]
+
+
+@pytest.mark.ray
+def test_a_grid_runs_into_object_storage_as_on_disk_and_resumes_there(s3_store, tmp_path, ablate_cli):
+    """`ablate run batch_vs_dim --scale smoke --storage s3://…` (a subprocess, its own Ray) writes the run on the
+    S3 server; status and export read it back as a local run of the same grid (row for row but the time columns),
+    and `--resume` of the finished run reuses every point."""
+    storage, flags = f"s3://runs/lab?{s3_store}", ["--name", "s", "--no-report", "--no-dashboard"]
+    runs = {"s3": smoke_cmd(storage, *flags), "local": smoke_cmd(tmp_path / "local", *flags)}
+    with ThreadPoolExecutor(2) as pool:  # the two runs side by side, each with its own Ray: most of it is waiting
+        done = dict(zip(runs, pool.map(lambda k: run_logged(runs[k], tmp_path / f"{k}.log", timeout=240), runs)))
+    for code, out in done.values():
+        assert code == 0, out[-4000:]
+    uri, out = resolve_run_dir(storage, "s"), done["s3"][1]
+    assert f"run: {uri}" in out and "batch_vs_dim: 4 points: 0 reused, 0 continued, 4 started" in out, out[-4000:]
+
+    keys = _keys(uri)
+    trials = sorted({k.split("/")[0] for k in keys if k.startswith("trial_")})
+    assert len(trials) == 4, keys
+    assert {k for k in keys if not k.startswith("trial_")} == {RUN_MARKER, PROVENANCE_FILE, ENVIRONMENT_FILE}, keys
+    for trial in trials:
+        files = [k.removeprefix(trial + "/") for k in keys if k.startswith(trial + "/")]
+        assert {PARAMS_FILE, RESULT_FILE} <= set(files), files  # no lease left behind, no error
+        assert all(f in (PARAMS_FILE, RESULT_FILE) or f.endswith("/state.pt") for f in files), files
+
+    status = ablate_cli("status", uri)
+    assert status.returncode == 0 and "finished: 4  running: 0  interrupted: 0" in status.stdout, status.stdout
+    assert "driver:" not in status.stdout
+    remote_df, local_df = load_results(uri), load_results(tmp_path / "local" / "s")
+    pd.testing.assert_frame_equal(remote_df.drop(columns=_TIMING), local_df.drop(columns=_TIMING), check_exact=True)
+    assert ablate_cli("export", uri, cwd=tmp_path).returncode == 0  # RUN-results.csv here, not into the store
+    assert ablate_cli("export", str(tmp_path / "local" / "s"), "--out", str(tmp_path / "local.csv")).returncode == 0
+    remote_csv, local_csv = (pd.read_csv(tmp_path / f).drop(columns=_TIMING) for f in ("s-results.csv", "local.csv"))
+    pd.testing.assert_frame_equal(remote_csv, local_csv, check_exact=True)
+
+    code, again = run_logged(smoke_cmd(storage, *flags, "--resume"), tmp_path / "resume.log", timeout=120)
+    assert code == 0 and "batch_vs_dim: 4 points: 4 reused, 0 continued, 0 started" in again, again[-4000:]
+    assert _keys(uri) == keys

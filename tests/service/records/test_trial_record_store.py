@@ -9,6 +9,8 @@ from __future__ import annotations
 import io
 import logging
 import math
+import threading
+import time
 import uuid
 
 import numpy as np
@@ -17,7 +19,9 @@ import torch
 from s3_server import s3_server
 
 from ablate.service.records.checkpoint_writer import CheckpointWriter
-from ablate.service.records.record import RunRecord, TrialRecord
+from ablate.service.records.lease import Lease
+from ablate.service.records.pidlock import PidLock
+from ablate.service.records.record import TRIAL_LEASE, RunRecord, TrialRecord
 from ablate.service.records.store import ArrowStore, LocalStore, Store, as_store
 from ablate.service.records.trial import checkpoint_names, load_state
 
@@ -170,13 +174,35 @@ def test_the_background_writer_writes_into_the_trial_s_store(run):
     assert trial.resume_point(lambda s: True)["step"] == 15
 
 
-def test_a_trial_s_lock_is_local_only(run):
+def test_a_trial_waits_for_its_folder_s_lock_or_lease_and_says_so(run):
+    """Locally an flock; on object storage a lease (.trial.lease) with a heartbeat: a second holder waits while
+    the first holds it, saying so, and takes it once the first lets it go."""
     trial = TrialRecord(run, "x")
+    first = trial.hold(settle_s=0.0)
     if isinstance(run, LocalStore):
-        trial.hold().release()
-        return
-    with pytest.raises(NotImplementedError, match="needs a lease"):
-        trial.hold()
+        assert isinstance(first, PidLock)
+    else:
+        assert isinstance(first, Lease) and first.held and run.list("trial_x", dirs=False) == [TRIAL_LEASE]
+    said: list[str] = []
+    second: list = []
+    waiter = threading.Thread(
+        target=lambda: second.append(
+            trial.hold(lambda held, waited: said.append(str(held)), say_every_s=0.0, settle_s=0.0)
+        )  # fmt: skip
+    )
+    waiter.start()
+    deadline = time.monotonic() + 10
+    while not said and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert said and "is held by pid" in said[0], said
+    first.check()
+    first.release()
+    waiter.join(timeout=20)
+    assert second, "the second holder took it"
+    second[0].check()
+    second[0].release()
+    if not isinstance(run, LocalStore):
+        assert run.list("trial_x", dirs=False) == []
 
 
 def test_a_remote_run_directory_is_opened_once_per_process(s3_query):
