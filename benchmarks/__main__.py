@@ -1,4 +1,4 @@
-"""`python -m benchmarks [--quick] [--only step,sampler,memory,ray,syncs,profile,compile,time_to_r2,reference_curve,generator,overhead,threads,bookkeeping,shared_ray,ray_cpu,pair_loss,prefetch]`.
+"""`python -m benchmarks [--quick] [--only step,sampler,memory,ray,syncs,profile,compile,time_to_r2,reference_curve,generator,overhead,threads,bookkeeping,shared_ray,ray_cpu,pair_loss,prefetch,object_store]`.
 
 Prints ablate's performance tables.
 
@@ -9,7 +9,9 @@ Prints ablate's performance tables.
 - ray: a grid's wall time against the sum of its trials' compute time divided by the concurrency.
 - opt-in: profile (torch.profiler of the reference step); compile (the step eager and under torch.compile); time_to_r2 (seconds to R² 0.9/0.95/0.99 on the
   bimodal setting with --preset, per --seeds); reference_curve (the RunConfig defaults for --steps steps, R²,
-  loss and Λ̂ every 1000 steps, per --seeds); generator (seconds to build the papers' g per d).
+  loss and Λ̂ every 1000 steps, per --seeds); generator (seconds to build the papers' g per d); object_store
+  (requests, bytes and seconds per report, checkpoint, lease and status read on moto's S3 server against a local
+  folder: benchmarks/object_store.py, needs moto[server]).
 The GPU check is `python -m benchmarks.gpu_check OUT_DIR` (benchmarks/gpu_check.py).
 """
 
@@ -397,6 +399,14 @@ def main(argv: list[str] | None = None) -> int:
 
         rows = bench_running(args.pid, args.window) if args.pid else bench_ray_cpu(args.ray_grid, args.ray_scale)
         _print("where the cores go during `ablate run` (CPU seconds per process role)", rows)
+    if "object_store" in parts:  # opt-in: a run's writes and reads on moto's S3 server (benchmarks/object_store.py)
+        from benchmarks.object_store import bench_object_store, versions
+
+        _print(
+            "object storage: requests (moto's log), bytes (what the code writes and reads) and ms, S3 against local",
+            bench_object_store(reports=20 if args.quick else 100, checkpoints=5 if args.quick else 10),
+        )
+        print(versions())
     if "profile" in parts:  # opt-in
         _print("profile of the reference step (B = 1000, d = 10)", bench_profile())
     seeds = [int(s) for s in args.seeds.split(",")]

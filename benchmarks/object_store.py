@@ -1,0 +1,285 @@
+"""`python -m benchmarks --only object_store`: what a run costs on object storage, in requests and bytes.
+
+A run on ``s3://`` writes through :class:`~ablate.service.records.store.ArrowStore`, which has no append: a report
+(:meth:`TrialRecord.append <ablate.service.records.record.TrialRecord.append>`) reads the whole result log and uploads
+it whole, so its upload grows with the log (O(n) a report, O(n²) a trial). This measures, against moto's S3 server on
+127.0.0.1 (:mod:`benchmarks.s3_server`), for each operation a trial or ``ablate status`` makes:
+
+- requests, counted per HTTP method in the server's log (one line a request) before and after each phase;
+- bytes uploaded and downloaded, counted where the code hands them to the store or gets them from it (a wrapper
+  around the ArrowStore: the log's length after each append, the checkpoint's ``torch.save`` buffer, …);
+- wall seconds, against the same operations on a :class:`~ablate.service.records.store.LocalStore` in a temporary
+  folder. The S3 times are moto's (a Python server on the same cores), not a bucket's: a real S3's latency per
+  request sets the time there, so only the counts and bytes carry over.
+
+pyarrow's S3 client makes each write a multipart upload (create, one part, complete: 3 requests) unless the URI asks
+for ``allow_delayed_open=true`` (then a write under 10 MiB is one PUT), and each read a HEAD, a GET and the size
+check's HEAD (:meth:`ArrowStore.read_bytes <ablate.service.records.store.ArrowStore.read_bytes>`); a missing file is
+one HEAD. Deleting (a lease, an old checkpoint's folder) also PUTs an empty marker of the parent folder (pyarrow
+keeps the folder existing).
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import io
+import json
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from ablate.service.records.store import Store
+from benchmarks.s3_server import request_counts, s3_server
+
+#: The HTTP methods the table gives a column each (pyarrow's S3 client uses no other here).
+METHODS = ("GET", "HEAD", "PUT", "POST", "DELETE")
+#: The reports whose own cost the table gives (as the log grows).
+REPORTS_SHOWN = (1, 10, 100, 1000)
+#: The latent dimension of the reports and of the checkpointed model (the reference setting's).
+D = 10
+
+
+class CountingStore(Store):
+    """A store that passes every call to ``inner`` and counts the bytes written (``up``) and read (``down``)."""
+
+    def __init__(self, inner: Store):
+        self.inner, self.uri, self.up, self.down = inner, inner.uri, 0, 0
+
+    def join(self, *parts: str) -> str:
+        return self.inner.join(*parts)
+
+    def read_bytes(self, key: str) -> bytes | None:
+        data = self.inner.read_bytes(key)
+        self.down += 0 if data is None else len(data)
+        return data
+
+    def write_bytes(self, key: str, data: bytes) -> None:
+        self.up += len(data)
+        self.inner.write_bytes(key, data)
+
+    def delete(self, key: str) -> None:
+        self.inner.delete(key)
+
+    def delete_tree(self, prefix: str) -> None:
+        self.inner.delete_tree(prefix)
+
+    def list(self, prefix: str = "", *, dirs: bool) -> builtins.list[str]:
+        return self.inner.list(prefix, dirs=dirs)
+
+    def exists(self, key: str) -> bool:
+        return self.inner.exists(key)
+
+
+def report_row(step: int, trial_id: str, config: dict[str, Any], d: int = D) -> dict[str, Any]:
+    """A report with the keys and sizes of a real one (a smoke trial's result.json, at latent dimension ``d``):
+    about 2.3 kB as a JSON line at d = 10."""
+    x = (step % 97) / 97
+    row: dict[str, Any] = {
+        "trial_id": trial_id, "date": "2026-11-28_13-49-42", "pid": 28785, "hostname": "node-1",
+        "node_ip": "192.0.2.2", "iterations_since_restore": step // 100, "config": config, "step": step,
+        "samples_seen": step * config["batch_size"], "loss": 3.4236245155334473 - x, "lr_now": 0.0001,
+        "prefetch": False, "r2": 0.607986302447607 + x / 3,
+    }  # fmt: skip
+    row.update({f"r2_dim_{i}": 0.38251278641040276 + i / 100 for i in range(d)})
+    row.update({"r2_lambda_5": 0.7609163920895632, "r2_lambda_25": 0.6805297288428549, "mcc": 0.7007009413316125,
+                "eval_loss": 3.4228312969207764, "true_latent_loss": 2.7957639694213867,
+                "loss_floor": 0.15438289940357208, "loss_gap": 3.2684483975172043})  # fmt: skip
+    row.update({f"lambda_hat_{i}": 0.7331348061561584 + i for i in range(d)})
+    row.update({"lambda_max_rel_error": 0.9902248692512512, "lambda_rank_corr": 0.8787878787878788,
+                "sim_pos_mean": 0.9996760541485588, "sim_neg_mean": 0.984138649856252, "sim_overlap": 0.95,
+                "nn_is_positive": 0.6875, "sim_pos_hist": [0.0] * 39 + [1.0],
+                "sim_neg_hist": [0.0] * 38 + [0.05, 0.95], "g_cond_threshold": 1.2778146260142718,
+                "g_cond_pools": 1.0, "g_cond_layer_0": 1.2741238524068526, "g_cond_layer_1": 1.2177120450799264,
+                "g_cond_layer_2": 1.1247106825443234, "g_linear_r2": 0.8394953848849761, "done": False,
+                "time_this_iter_s": 0.015189653386187274, "time_total_s": 0.028929710388183594 * step,
+                "time_since_restore": 0.028929710388183594 * step, "timestamp": 1795873782 + step,
+                "training_iteration": step // 100})  # fmt: skip
+    return row
+
+
+def trial_config(seed: int) -> dict[str, Any]:
+    """A trial's settings as its params.json and its reports' ``config`` hold them (the reference setting)."""
+    return {"grid": "bench", "scale": "reference", "loss": "aninfonce", "concentration": "5/25", "generator_seed": 0,
+            "latent_dim": D, "batch_size": 1000, "max_steps": 100_000, "report_every": 100, "seed": seed}  # fmt: skip
+
+
+def reference_state() -> dict[str, Any]:
+    """A checkpoint's state at the reference model's size (the encoder_widths 10-50-50-50-50-10 × d at d = 10,
+    about 855 000 weights, with Λ̂, Adam's two moments after one step, the data RNG and the config: 10.3 MB): :meth:`Experiment.state_dict
+    <ablate.core.experiment.Experiment.state_dict>` of a small-batch, small-pool RunConfig (neither changes it)."""
+    from ablate.config import RunConfig
+    from ablate.core.experiment import Experiment
+
+    exp = Experiment(
+        RunConfig(latent_dim=D, batch_size=32, eval_samples=256, generator_cond_samples=200, generator_seed=0)
+    )
+    exp.train(1)
+    return exp.state_dict()
+
+
+class _Meter:
+    """Requests (from the server's log) and bytes (from the counting store) between :meth:`phase`'s start and end."""
+
+    def __init__(self, log_dir: Path, store):
+        self.log_dir, self.store = log_dir, store
+
+    @contextlib.contextmanager
+    def phase(self, into: dict[str, Any]) -> Iterator[None]:
+        before, up, down = request_counts(self.log_dir), self.store.up, self.store.down
+        t = time.perf_counter()
+        yield
+        into["s3_s"] = time.perf_counter() - t
+        counts = request_counts(self.log_dir) - before
+        into.update({m: counts.get(m, 0) for m in METHODS})
+        into["requests"] = sum(counts.values())
+        into["up_bytes"], into["down_bytes"] = self.store.up - up, self.store.down - down
+
+
+def _timed(fn: Callable[[], Any]) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def _series(meter: _Meter, ops: list[tuple[Callable[[], Any], Callable[[], Any]]]) -> list[tuple[dict, float]]:
+    """Each (on S3, locally) pair of ``ops`` run in turn: its S3 measurement and its local seconds."""
+    out = []
+    for on_s3, on_disk in ops:
+        s3: dict[str, Any] = {}
+        with meter.phase(s3):
+            on_s3()
+        out.append((s3, _timed(on_disk)))
+    return out
+
+
+def _sum(each: list[tuple[dict, float]]) -> tuple[dict, float]:
+    """The S3 measurements and local seconds of several operations, added up."""
+    return {k: sum(s3[k] for s3, _ in each) for k in each[0][0]}, sum(local for _, local in each)
+
+
+def _saved(state: dict[str, Any]) -> bytes:
+    """``state`` as a checkpoint holds it (what :func:`~ablate.service.records.trial.write_checkpoint` uploads)."""
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    return buffer.getvalue()
+
+
+def _row(what: str, ops: int, s3: dict[str, Any], local_s: float) -> dict[str, Any]:
+    """A table row: totals over the ``ops`` operations a phase made, and per operation."""
+    return {
+        "operation": what,
+        "ops": ops,
+        "requests": s3["requests"],
+        "per_op": s3["requests"] / ops,
+        **{m: s3[m] for m in METHODS},
+        "up_bytes": s3["up_bytes"],
+        "up_per_op": s3["up_bytes"] / ops,
+        "down_bytes": s3["down_bytes"],
+        "s3_ms_per_op": 1e3 * s3["s3_s"] / ops,
+        "local_ms_per_op": 1e3 * local_s / ops,
+        "ratio": s3["s3_s"] / local_s if local_s > 0 else float("nan"),
+    }
+
+
+def _on_both(meter: _Meter, remote: Any, local: Any, what: str, ops: int, run: Callable[[Any], Any]) -> dict:
+    """``run(store)`` on the S3 store, measured, then on the local one, timed."""
+    s3: dict[str, Any] = {}
+    with meter.phase(s3):
+        run(remote)
+    return _row(what, ops, s3, _timed(lambda: run(local)))
+
+
+def bench_object_store(reports: int = 100, checkpoints: int = 10, trials: int = 4) -> list[dict[str, Any]]:
+    """Requests, bytes and wall time of a trial's and a status read's operations on moto's S3 against a local
+    folder (see the module's note); a row per operation. Needs moto's server (RuntimeError without it)."""
+    from ablate.service.records.lease import Lease
+    from ablate.service.records.reader import RunReader
+    from ablate.service.records.record import TRIAL_LEASE, TrialRecord
+    from ablate.service.records.rundir import RUN_MARKER
+    from ablate.service.records.store import ArrowStore, LocalStore
+    from ablate.service.records.trial import write_checkpoint
+    from ablate.service.records.trial_log import json_text
+
+    state = reference_state()
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="ablate-object-store-") as tmp, s3_server(tmp) as query:
+        log_dir = Path(tmp)
+        run = f"s3://runs/bench/{uuid.uuid4().hex[:8]}?{query}"
+        remote = CountingStore(ArrowStore(run))
+        local = LocalStore(log_dir / "local-run")
+        meter = _Meter(log_dir, remote)
+        remote.write_text("warm-up.txt", "pyarrow's S3 client starts on its first request")  # not measured
+
+        trial_id, config = "seed=0", trial_config(0)
+        s3_record, local_record = TrialRecord(remote, trial_id), TrialRecord(local, trial_id)
+        # -- the trial's params.json, written first (it makes the local folder)
+        rows.append(_on_both(meter, s3_record, local_record, "params.json", 1, lambda r: r.write_params(config)))
+
+        # -- a trial's reports: each reads the whole log and uploads it whole (O(n) bytes a report)
+        new = [report_row(100 * (n + 1), trial_id, config) for n in range(reports)]
+        each = _series(meter, [(lambda r=r: s3_record.append(r), lambda r=r: local_record.append(r)) for r in new])
+        log_bytes = len("".join(json_text(r) + "\n" for r in new).encode())
+        rows.append(_row(f"report, mean of {reports} (log of {log_bytes} B at the end)", reports, *_sum(each)))
+        shown = sorted({n for n in REPORTS_SHOWN if n <= reports} | {reports})
+        rows.extend(_row(f"report {n} (log {n} rows)", 1, *each[n - 1]) for n in shown)
+
+        # -- checkpoints at the reference model's size, keeping 2: each lists the folder and, from the third on,
+        # deletes the oldest (a list and a bulk delete)
+        size = len(_saved(state))
+        each = _series(
+            meter,
+            [(lambda k=k: write_checkpoint(s3_record.checkpoints, {**state, "step": k}, keep=2, logged=k),
+              lambda k=k: write_checkpoint(local_record.checkpoints, {**state, "step": k}, keep=2, logged=k))
+             for k in range(100, 100 * checkpoints + 1, 100)],
+        )  # fmt: skip
+        rows.append(_row(f"checkpoint 1-{len(each[:2])} ({size} B, nothing to prune)", len(each[:2]), *_sum(each[:2])))
+        if each[2:]:
+            rows.append(_row(f"checkpoint 3-{checkpoints} (keep 2: prunes 1)", len(each[2:]), *_sum(each[2:])))
+
+        # -- the trial's lease: acquire (read, write, read back), three renewals (read, write), release (read, delete)
+        def lease(store) -> None:
+            held = Lease(store, f"trial_{trial_id}/{TRIAL_LEASE}", settle_s=0.0).acquire()
+            for _ in range(3):
+                held.renew()
+            held.release()
+
+        rows.append(_on_both(meter, remote, local, "lease: acquire + 3 renews + release", 1, lease))
+
+        # -- `ablate status`: RunReader(uri).trial_states() of a run of `trials` trials, each with a log of `reports`
+        def make_run(store) -> None:
+            configs = {f"seed={i}": trial_config(i) for i in range(trials)}
+            marker = {"grid": "bench", "scale": "reference", "axes": ["seed"], "n_trials": trials, "runs": [],
+                      "points": configs}  # fmt: skip
+            store.write_text(RUN_MARKER, json.dumps(marker, indent=1))
+            for tid, cfg in configs.items():
+                record = TrialRecord(store, tid)
+                record.write_params(cfg)
+                record.rewrite([report_row(100 * (n + 1), tid, cfg) for n in range(reports)])
+
+        status_remote = CountingStore(ArrowStore(f"s3://runs/bench/{uuid.uuid4().hex[:8]}?{query}"))
+        status_local = LocalStore(log_dir / "local-status")
+        make_run(status_remote)
+        make_run(status_local)
+        meter.store = status_remote
+        rows.append(
+            _on_both(
+                meter, status_remote, status_local, f"status read ({trials} trials, {reports}-row logs)", 1,
+                lambda store: RunReader(store).trial_states(),
+            )
+        )  # fmt: skip
+    return rows
+
+
+def versions() -> str:
+    """The versions the counts depend on: pyarrow's S3 client makes the requests, moto answers them."""
+    import importlib.metadata as md
+
+    import pyarrow
+
+    return f"pyarrow {pyarrow.__version__} (its S3 client makes the requests), moto {md.version('moto')}"

@@ -1,0 +1,41 @@
+"""benchmarks/object_store.py on a tiny run (5 reports, 3 checkpoints, 2 trials) against moto's S3 server: the
+table's rows and columns, and request and byte counts that are positive integers. No timing asserted; no Ray."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.object_store import METHODS, bench_object_store
+from benchmarks.s3_server import moto_server
+
+
+def test_bench_object_store_counts_the_requests_and_bytes_of_each_operation():
+    try:
+        moto_server()
+    except RuntimeError as exc:
+        pytest.fail(str(exc))
+    rows = bench_object_store(reports=5, checkpoints=3, trials=2)
+
+    ops = [r["operation"] for r in rows]
+    assert ops[0] == "params.json" and ops[1].startswith("report, mean of 5 (log of ")
+    assert ops[2:4] == ["report 1 (log 1 rows)", "report 5 (log 5 rows)"]
+    assert ops[4].startswith("checkpoint 1-2 (") and ops[5] == "checkpoint 3-3 (keep 2: prunes 1)"
+    assert ops[6:] == ["lease: acquire + 3 renews + release", "status read (2 trials, 5-row logs)"]
+    assert all(list(r) == list(rows[0]) for r in rows)  # one table
+    by = dict(zip(ops, rows))
+    for r in rows:
+        assert isinstance(r["requests"], int) and r["requests"] > 0, r
+        assert r["requests"] == sum(r[m] for m in METHODS), r
+        assert all(isinstance(r[m], int) and r[m] >= 0 for m in METHODS), r
+        assert r["per_op"] == r["requests"] / r["ops"]
+        for k in ("s3_ms_per_op", "local_ms_per_op"):
+            assert r[k] >= 0
+    # every write uploads: the log whole at each report, so report 5 uploads more than report 1 and reads the log
+    writes = [r for r in rows if not r["operation"].startswith("status")]
+    assert all(isinstance(r["up_bytes"], int) and r["up_bytes"] > 0 for r in writes)
+    first, fifth = by["report 1 (log 1 rows)"], by["report 5 (log 5 rows)"]
+    assert fifth["up_bytes"] > 4 * first["up_bytes"] and first["down_bytes"] == 0 < fifth["down_bytes"]
+    assert by[ops[1]]["ops"] == 5 and by[ops[4]]["ops"] == 2 and by[ops[5]]["ops"] == 1
+    assert by[ops[5]]["DELETE"] >= 1 and by[ops[5]]["requests"] > by[ops[4]]["per_op"]  # the pruning
+    status = by["status read (2 trials, 5-row logs)"]
+    assert status["up_bytes"] == 0 and status["down_bytes"] >= 2 * fifth["up_bytes"] and status["PUT"] == 0
