@@ -8,6 +8,12 @@ of another holder refuses :meth:`Lease.acquire` with the same :class:`~ablate.se
 ``flock`` refusal raises (so :func:`ablate.service.records.driver_lock.busy_message` words both). A stale one (its
 holder died, or stopped renewing) is taken over, with a warning naming the old holder; so is a damaged one.
 
+**A holder that died on this machine.** A lease names its holder's process namespace (:func:`machine`: the
+kernel's boot id and the pid namespace, on Linux). A fresh lease whose holder ran in this very namespace, and whose
+pid no longer exists, is taken over at once (warned), as the kernel frees a dead holder's ``flock``: a ``--resume``
+right after a ``kill -9`` on the same machine, or Ray's retry of a trial whose worker died, do not wait for the ttl.
+Elsewhere (another node, another container) a pid cannot be checked, and the ttl decides.
+
 **Clocks.** Freshness compares the writer's heartbeat with the reader's clock: the hosts' clocks must agree within a
 small fraction of ``ttl_s`` (NTP gives milliseconds). A reader whose clock runs ahead by more than the ttl takes over
 a live lease; make ``ttl_s`` larger where clocks are looser.
@@ -43,7 +49,7 @@ from typing import Any
 from ablate.service.records.pidlock import LockHeld
 from ablate.service.records.store import Store
 
-__all__ = ["SETTLE_S", "TTL_S", "Lease", "LeaseLost", "holder"]
+__all__ = ["SETTLE_S", "TTL_S", "Lease", "LeaseLost", "holder", "machine"]
 
 _log = logging.getLogger("ablate.service.records.lease")
 
@@ -111,6 +117,32 @@ def _fresh(info: dict[str, Any] | None, now: float, ttl_s: float) -> bool:
     return _age(info, now) <= ttl_s
 
 
+def machine() -> str | None:
+    """This process's namespace of process ids: the kernel's boot id and the pid namespace (Linux's
+    ``/proc/sys/kernel/random/boot_id`` and ``/proc/self/ns/pid``), or None where they cannot be read. Two
+    processes with the same value see the same pids, so one can tell whether the other's pid is alive."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+        return f"{boot}/{os.readlink('/proc/self/ns/pid')}"
+    except OSError:
+        return None
+
+
+def _gone_here(info: dict[str, Any]) -> bool:
+    """Whether ``info``'s holder ran in this process's pid namespace (:func:`machine`) and its pid is gone."""
+    here, pid = machine(), info.get("pid")
+    if here is None or info.get("machine") != here or not isinstance(pid, int) or pid <= 0 or pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # another user's live process
+        return False
+    return False
+
+
 def _holder(info: dict[str, Any]) -> dict[str, Any]:
     """A lease's holder in :class:`LockHeld`'s shape ({pid, host, since} always there) plus its other fields."""
     return {"pid": None, "host": None, "since": None, **{k: v for k, v in info.items() if k != "token"}}
@@ -169,14 +201,17 @@ class Lease:
             raise RuntimeError(f"the lease {self.where} is already held by this Lease")
         now = self.clock()
         old = _read(self.store, self.key)
-        if _fresh(old, now, self.ttl_s):
+        if _fresh(old, now, self.ttl_s) and not _gone_here(old):
             raise LockHeld(self.where, _holder(old))
-        if old:
+        if old and _fresh(old, now, self.ttl_s):
+            _log.warning("taking over the lease %s of %s: that process no longer exists on this machine",
+                         self.where, _who(old))  # fmt: skip
+        elif old:
             _log.warning("taking over the stale lease %s of %s (last heartbeat %.1f s ago, ttl %s s)",
                          self.where, _who(old), _age(old, now), old.get("ttl_s"))  # fmt: skip
         token = secrets.token_hex(16)
-        info = {"host": socket.gethostname(), "pid": os.getpid(), "token": token, "since": _since(now), "taken": now,
-                "heartbeat": now, "ttl_s": self.ttl_s}  # fmt: skip
+        info = {"host": socket.gethostname(), "pid": os.getpid(), "machine": machine(), "token": token,
+                "since": _since(now), "taken": now, "heartbeat": now, "ttl_s": self.ttl_s}  # fmt: skip
         self.store.write_text(self.key, json.dumps(info))
         self.sleep(self.settle_s)
         back = _read(self.store, self.key)

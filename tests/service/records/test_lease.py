@@ -95,6 +95,34 @@ def test_a_fresh_lease_refuses_a_second_acquire_naming_its_holder(store, clock):
         a.acquire()
 
 
+def _dead_pid() -> int:
+    """The pid of a process that has exited and been reaped."""
+    proc = multiprocessing.get_context("fork").Process(target=int)
+    proc.start()
+    proc.join()
+    return proc.pid
+
+
+@pytest.mark.parametrize("where", ["this machine", "another machine"])
+def test_a_fresh_lease_of_a_dead_process_is_taken_over_at_once_only_on_its_machine(store, clock, caplog, where):
+    """A driver killed outright (kill -9) leaves its lease fresh: on its own machine (the same pid namespace) the
+    next driver sees its pid gone and takes the lease at once, as the kernel frees a dead holder's flock;
+    from another machine it cannot tell, and the ttl decides."""
+    lease(store, clock).acquire()
+    dead = {**stored(store), "pid": _dead_pid()}
+    if where == "another machine":
+        dead["machine"] = "another-boot-id/pid:[1]"
+    store.write_text(KEY, json.dumps(dead))
+    if where == "another machine":
+        with pytest.raises(LockHeld):
+            lease(store, clock).acquire()
+        return
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        b = lease(store, clock).acquire()
+    assert stored(store)["token"] == b.token
+    assert f"pid {dead['pid']}" in caplog.text and "no longer exists on this machine" in caplog.text
+
+
 def test_a_stale_lease_is_taken_over_with_a_warning_naming_its_holder(store, clock, caplog):
     a = lease(store, clock).acquire()
     old = stored(store)
