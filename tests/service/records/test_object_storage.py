@@ -211,39 +211,75 @@ def _keys(uri: str) -> list[str]:
 _TIMING = ["time_total_s", "prefetch"]
 
 
-@pytest.mark.ray
-def test_a_grid_runs_into_object_storage_as_on_disk_and_resumes_there(s3_store, tmp_path, ablate_cli):
-    """`ablate run batch_vs_dim --scale smoke --storage s3://…` (a subprocess, its own Ray) writes the run on the
-    S3 server; status and export read it back as a local run of the same grid (row for row but the time columns),
-    and `--resume` of the finished run reuses every point."""
-    storage, flags = f"s3://runs/lab?{s3_store}", ["--name", "s", "--no-report", "--no-dashboard"]
-    runs = {"s3": smoke_cmd(storage, *flags), "local": smoke_cmd(tmp_path / "local", *flags)}
-    with ThreadPoolExecutor(2) as pool:  # the two runs side by side, each with its own Ray: most of it is waiting
-        done = dict(zip(runs, pool.map(lambda k: run_logged(runs[k], tmp_path / f"{k}.log", timeout=240), runs)))
-    for code, out in done.values():
-        assert code == 0, out[-4000:]
-    uri, out = resolve_run_dir(storage, "s"), done["s3"][1]
-    assert f"run: {uri}" in out and "batch_vs_dim: 4 points: 0 reused, 0 continued, 4 started" in out, out[-4000:]
+def _reports(uri: str) -> dict[str, list[int]]:
+    """Each trial folder's logged steps on the store (a trial without a log yet: none)."""
+    store, out = as_store(uri), {}
+    for trial in store.list(dirs=True):
+        text = store.read_text(f"{trial}/{RESULT_FILE}")
+        if text is not None:
+            out[trial] = [json.loads(line)["step"] for line in text.splitlines()]
+    return out
 
-    keys = _keys(uri)
+
+@pytest.mark.ray
+def test_a_grid_on_object_storage_killed_with_kill_9_resumes_and_reads_as_on_disk(s3_store, tmp_path, ablate_cli):
+    """`ablate run batch_vs_dim --scale smoke --storage s3://…` (a subprocess, its own Ray) on the S3 server,
+    kill -9 of its whole process group mid-grid, then `--resume` at once: the dead driver's lease is taken over at
+    once (its pid is gone from this machine), each report is in its log once, every report written before the
+    kill is still there, the store holds ablate's files only, and status and export read the run as a local run of
+    the same grid never stopped (row for row but the time columns); `--resume` of the finished run reuses every
+    point."""
+    import signal
+    import subprocess
+    import time
+
+    storage = f"s3://runs/lab?{s3_store}"
+    flags = ["--name", "k", "--no-report", "--no-dashboard", "--max-concurrent", "1", "--set", "max_steps=200"]
+    flags += ["report_every=10", "--results-every", "0"]
+    uri = resolve_run_dir(storage, "k")
+    with ThreadPoolExecutor(1) as pool:  # the local run never stopped, beside the S3 run: most of it is waiting
+        local = pool.submit(run_logged, smoke_cmd(tmp_path / "local", *flags), tmp_path / "local.log", 240)
+        with (tmp_path / "first.log").open("w") as out:
+            proc = subprocess.Popen(smoke_cmd(storage, *flags), stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True)  # fmt: skip
+            deadline = time.time() + 240
+            while time.time() < deadline and proc.poll() is None:
+                if sum(len(v) for v in _reports(uri).values()) >= 25:  # the second trial mid-way
+                    break
+                time.sleep(0.2)
+            assert proc.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        before = _reports(uri)
+        code, text = run_logged([*smoke_cmd(storage, *flags), "--resume"], tmp_path / "resume.log", timeout=240)
+        assert code == 0, text[-4000:]
+        assert "no longer exists on this machine" in text and "continued" in text, text[-4000:]
+        code, out = local.result()
+        assert code == 0, out[-3000:]
+    after = _reports(uri)
+    assert len(after) == 4 and all(steps == list(range(10, 201, 10)) for steps in after.values()), after
+    for trial, steps in before.items():  # the last report may be replayed from the checkpoint before it
+        assert after[trial][: len(steps) - 1] == steps[:-1], (trial, steps, after[trial])
+
+    keys = _keys(uri)  # ablate's files only: no lease left behind, no error, nothing of Ray's
     trials = sorted({k.split("/")[0] for k in keys if k.startswith("trial_")})
     assert len(trials) == 4, keys
     assert {k for k in keys if not k.startswith("trial_")} == {RUN_MARKER, PROVENANCE_FILE, ENVIRONMENT_FILE}, keys
     for trial in trials:
         files = [k.removeprefix(trial + "/") for k in keys if k.startswith(trial + "/")]
-        assert {PARAMS_FILE, RESULT_FILE} <= set(files), files  # no lease left behind, no error
+        assert {PARAMS_FILE, RESULT_FILE} <= set(files), files
         assert all(f in (PARAMS_FILE, RESULT_FILE) or f.endswith("/state.pt") for f in files), files
 
-    status = ablate_cli("status", uri)
+    status = ablate_cli("status", uri)  # read back as a local run of the same grid, never stopped
     assert status.returncode == 0 and "finished: 4  running: 0  interrupted: 0" in status.stdout, status.stdout
     assert "driver:" not in status.stdout
-    remote_df, local_df = load_results(uri), load_results(tmp_path / "local" / "s")
-    pd.testing.assert_frame_equal(remote_df.drop(columns=_TIMING), local_df.drop(columns=_TIMING), check_exact=True)
+    remote, local_df = load_results(uri), load_results(tmp_path / "local" / "k")
+    pd.testing.assert_frame_equal(remote.drop(columns=_TIMING), local_df.drop(columns=_TIMING), check_exact=True)
     assert ablate_cli("export", uri, cwd=tmp_path).returncode == 0  # RUN-results.csv here, not into the store
-    assert ablate_cli("export", str(tmp_path / "local" / "s"), "--out", str(tmp_path / "local.csv")).returncode == 0
-    remote_csv, local_csv = (pd.read_csv(tmp_path / f).drop(columns=_TIMING) for f in ("s-results.csv", "local.csv"))
+    assert ablate_cli("export", str(tmp_path / "local" / "k"), "--out", str(tmp_path / "local.csv")).returncode == 0
+    remote_csv, local_csv = (pd.read_csv(tmp_path / f).drop(columns=_TIMING) for f in ("k-results.csv", "local.csv"))
     pd.testing.assert_frame_equal(remote_csv, local_csv, check_exact=True)
 
-    code, again = run_logged(smoke_cmd(storage, *flags, "--resume"), tmp_path / "resume.log", timeout=120)
+    code, again = run_logged([*smoke_cmd(storage, *flags), "--resume"], tmp_path / "again.log", timeout=120)
     assert code == 0 and "batch_vs_dim: 4 points: 4 reused, 0 continued, 0 started" in again, again[-4000:]
     assert _keys(uri) == keys
