@@ -12,10 +12,10 @@ import os
 import socket
 import threading
 import time
-import uuid
 
 import pytest
-from s3_server import s3_server
+import s3_server
+from s3_server import fresh_s3_uri
 
 from ablate.service.records.driver_lock import busy_message
 from ablate.service.records.lease import Lease, LeaseLost, holder
@@ -26,12 +26,7 @@ KEY = "ablate_driver.lease"
 TTL = 60.0
 LOGGER = "ablate.service.records.lease"
 
-
-@pytest.fixture(scope="module")
-def s3_query(tmp_path_factory):
-    """An S3 server with an empty bucket ``runs``; the URI query that reaches it."""
-    with s3_server(tmp_path_factory.mktemp("moto")) as query:
-        yield query
+s3_query = s3_server.s3_query  # the module's S3 server (a fixture)
 
 
 @pytest.fixture(params=["local", "s3"])
@@ -39,7 +34,7 @@ def store(request, tmp_path) -> Store:
     """An empty run directory's store: a local folder, or a fresh prefix of a bucket on the S3 server."""
     if request.param == "local":
         return LocalStore(tmp_path / "run")
-    return ArrowStore(f"s3://runs/lab/{uuid.uuid4().hex[:8]}?{request.getfixturevalue('s3_query')}")
+    return ArrowStore(fresh_s3_uri(request.getfixturevalue("s3_query")))
 
 
 class FakeClock:

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import json
 import os
-import uuid
 from pathlib import Path
 
 import pytest
-from s3_server import s3_server
+import s3_server
+from s3_server import fresh_s3_uri
 from unfinished_runs import finished_smoke_run
 
 from ablate.files import WriteError
@@ -20,17 +20,7 @@ from ablate.service.records.reader import RunReader
 from ablate.service.records.rundir import DRIVER_LOCK, PROVENANCE_FILE, RESULT_FILE, RUN_MARKER
 from ablate.service.records.store import ArrowStore, LocalStore, Store, open_store
 
-
-@pytest.fixture(scope="module")
-def s3_query(tmp_path_factory):
-    """An S3 server with an empty bucket ``runs``; the URI query that reaches it."""
-    with s3_server(tmp_path_factory.mktemp("moto")) as query:
-        yield query
-
-
-def _s3_uri(query: str, bucket: str = "runs") -> str:
-    """A fresh run directory's URI in ``bucket``: every test gets its own prefix."""
-    return f"s3://{bucket}/lab/{uuid.uuid4().hex[:8]}?{query}"
+s3_query = s3_server.s3_query  # the module's S3 server (a fixture)
 
 
 @pytest.fixture(params=["local", "s3", "mock"])
@@ -41,7 +31,7 @@ def store(request, tmp_path) -> Store:
         return LocalStore(tmp_path / "run")
     if request.param == "mock":
         return ArrowStore("mock:///lab/run")
-    return ArrowStore(_s3_uri(request.getfixturevalue("s3_query")))
+    return ArrowStore(fresh_s3_uri(request.getfixturevalue("s3_query")))
 
 
 def test_bytes_and_text_round_trip_and_a_missing_file_reads_none(store):
@@ -175,7 +165,7 @@ def test_a_write_into_a_read_only_folder_names_the_file(tmp_path):
 
 
 def test_a_write_to_a_bucket_that_does_not_exist_names_the_objects_uri(s3_query):
-    store = ArrowStore(_s3_uri(s3_query, bucket="no-such-bucket"))
+    store = ArrowStore(fresh_s3_uri(s3_query, bucket="no-such-bucket"))
     with pytest.raises(WriteError) as err:
         store.write_text("trial_a/params.json", "{}")
     assert err.value.filename == store.join("trial_a", "params.json")
@@ -185,7 +175,7 @@ def test_a_write_to_a_bucket_that_does_not_exist_names_the_objects_uri(s3_query)
 
 
 def test_open_store_picks_the_store_of_a_path_or_uri(tmp_path, s3_query):
-    local, file_uri, remote = open_store(tmp_path), open_store(f"file://{tmp_path}"), open_store(_s3_uri(s3_query))
+    local, file_uri, remote = open_store(tmp_path), open_store(f"file://{tmp_path}"), open_store(fresh_s3_uri(s3_query))
     assert isinstance(local, LocalStore) and local.root == tmp_path and local.uri == str(tmp_path)
     assert isinstance(file_uri, LocalStore) and file_uri.root == tmp_path and file_uri.uri == f"file://{tmp_path}"
     assert isinstance(remote, ArrowStore) and remote.uri.startswith("s3://runs/lab/")
@@ -202,7 +192,7 @@ def test_run_reader_reads_the_same_run_through_both_stores(tmp_path, s3_query):
     ids = finished_smoke_run(written)
     (written / PROVENANCE_FILE).write_text(json.dumps({"event": "start"}) + "\n")
     (written / f"trial_{ids[0]}" / RESULT_FILE).write_text('{"step": 5, "training_iteration": 1}\n{"step": 1')
-    local, remote = LocalStore(tmp_path / "local"), ArrowStore(_s3_uri(s3_query))
+    local, remote = LocalStore(tmp_path / "local"), ArrowStore(fresh_s3_uri(s3_query))
     _copy(written, local)
     _copy(written, remote)
 

@@ -11,12 +11,12 @@ import logging
 import math
 import threading
 import time
-import uuid
 
 import numpy as np
 import pytest
+import s3_server
 import torch
-from s3_server import s3_server
+from s3_server import fresh_s3_uri
 
 from ablate.service.records.checkpoint_writer import CheckpointWriter
 from ablate.service.records.lease import Lease
@@ -27,12 +27,7 @@ from ablate.service.records.trial import checkpoint_names, load_state
 
 CKPT = "checkpoint_{:09d}"
 
-
-@pytest.fixture(scope="module")
-def s3_query(tmp_path_factory):
-    """An S3 server with an empty bucket ``runs``; the URI query that reaches it."""
-    with s3_server(tmp_path_factory.mktemp("moto")) as query:
-        yield query
+s3_query = s3_server.s3_query  # the module's S3 server (a fixture)
 
 
 @pytest.fixture(params=["local", "s3"])
@@ -40,7 +35,7 @@ def run(request, tmp_path) -> Store:
     """An empty run directory's store: a local folder, or a fresh prefix of a bucket on the S3 server."""
     if request.param == "local":
         return LocalStore(tmp_path / "run")
-    return ArrowStore(f"s3://runs/lab/{uuid.uuid4().hex[:8]}?{request.getfixturevalue('s3_query')}")
+    return ArrowStore(fresh_s3_uri(request.getfixturevalue("s3_query")))
 
 
 def _files(store: Store, folder: str = "") -> list[str]:
@@ -206,7 +201,7 @@ def test_a_trial_waits_for_its_folder_s_lock_or_lease_and_says_so(run):
 
 
 def test_a_remote_run_directory_is_opened_once_per_process(s3_query):
-    uri = f"s3://runs/lab/{uuid.uuid4().hex[:8]}?{s3_query}"
+    uri = fresh_s3_uri(s3_query)
     assert as_store(uri) is as_store(uri) and TrialRecord(uri, "a").store is TrialRecord(uri, "b").store
     store = as_store(uri)
     assert as_store(store) is store and isinstance(TrialRecord(uri, "a").checkpoints, Store)
