@@ -3,7 +3,8 @@
 :func:`slurm_job` checks everything it can before anything is written (the grid with its preset, ``--set`` and
 ``--variants``, the run name, the storage, the job's sizes), :func:`render_script` turns the resulting
 :class:`SlurmJob` into the batch script (pure: the same job gives the same text), :func:`write_script` puts it at
-``<storage>/<run name>.sbatch`` and :func:`submit` hands it to ``sbatch``.
+``<storage>/<run name>.sbatch`` (with a script dir, or on object storage: ``<script dir>/<run name>.sbatch``) and
+:func:`submit` hands it to ``sbatch``.
 
 What the script does on each start of the job (the first, and every one after a requeue):
 
@@ -18,8 +19,11 @@ What the script does on each start of the job (the first, and every one after a 
   Ctrl-C (exit 143, resumable) and the job starts again later with ``--resume``. Near the time limit
   (``--signal=B:USR1@GRACE``) the script sends the driver SIGTERM itself, waits for it, and requeues the job.
 
-The storage must be a folder every node of the cluster reaches at the same path (a shared file system), and the
-Python environment must be the same path there too (a shared home or software folder): the script names both.
+The storage must be a folder every node of the cluster reaches at the same path (a shared file system), or a URI
+of object storage (``s3://bucket/prefix?…``, ``gs://…``) that the job's ``ablate run`` gets unchanged, checked
+writable as `ablate run` checks it; then the script and SLURM's output file go to a local folder (``script_dir``,
+default the current one), which must exist at the same path on the job's first node. The Python environment must
+be the same path on every node too (a shared home or software folder): the script names it.
 """
 
 from __future__ import annotations
@@ -33,10 +37,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ablate.config import ConfigError
+from ablate.config import ConfigError, quote
 from ablate.files import atomic_write
 from ablate.service.execution.options import RunOptions, build_options, command_options, resume_words
-from ablate.service.records.rundir import RunError, check_run_name, is_remote
+from ablate.service.records.rundir import RunError, check_run_name, check_writable, is_remote, resolve_run_dir
 
 __all__ = [
     "SlurmJob",
@@ -63,7 +67,7 @@ class SlurmJob:
     """Everything the batch script needs, checked (:func:`slurm_job` builds it)."""
 
     grid: str  # a shipped grid's name, or the absolute path of a grid file
-    options: RunOptions  # the run's options that `ablate slurm` takes; storage absolute, name and GPUs decided
+    options: RunOptions  # the run's options that `ablate slurm` takes; storage absolute (or a URI), name, GPUs decided
     nodes: int = 1
     gpus_per_node: int = 0
     cpus_per_node: int | None = None  # None: what SLURM gives the job (SLURM_CPUS_ON_NODE)
@@ -71,11 +75,17 @@ class SlurmJob:
     time: str | None = None
     python: str = field(default_factory=lambda: sys.executable)
     ray: str = field(default_factory=lambda: _ray_executable(sys.executable))
+    script_dir: str | None = None  # the absolute folder of the script and SLURM's output; None: the storage folder
 
     @property
     def storage(self) -> str:
-        """The absolute folder on the shared file system that holds the run."""
+        """The absolute folder on the shared file system that holds the run, or the URI of its object storage."""
         return self.options.storage
+
+    @property
+    def folder(self) -> str:
+        """The local folder of the job's script and SLURM's output files."""
+        return self.script_dir or self.storage
 
     @property
     def name(self) -> str:
@@ -84,7 +94,8 @@ class SlurmJob:
 
     @property
     def run_dir(self) -> str:
-        return f"{self.storage}/{self.name}"
+        """The run directory: ``<storage>/<name>`` (on object storage, the URI's query stays at its end)."""
+        return resolve_run_dir(self.storage, self.name) if is_remote(self.storage) else f"{self.storage}/{self.name}"
 
 
 def _ray_executable(python: str) -> str:
@@ -124,11 +135,16 @@ def slurm_job(
     cpus_per_node: int | None = None,
     partition: str | None = None,
     time: str | None = None,
+    script_dir: str | None = None,
     **fields: Any,
 ) -> SlurmJob:
     """Check the job (the grid resolves with its preset, settings and variants as `ablate run` resolves it,
-    :func:`ablate.service.specs.resolve.resolve_grid`; sizes and names are valid) and return it; the first problem
-    is a one-line :class:`ConfigError` or :class:`RunError`. Nothing is written.
+    :func:`ablate.service.specs.resolve.resolve_grid`; a URI as storage is written as `ablate run` checks it,
+    :func:`ablate.service.records.rundir.check_writable`; sizes and names are valid) and return it; the first problem
+    is a one-line :class:`ConfigError` or :class:`RunError`. Nothing is written but the URI's probe object.
+
+    ``script_dir``: the folder of the script and SLURM's output files; default the storage folder, or the current
+    folder when the storage is a URI.
 
     ``options`` (with ``fields`` over them) are the run's options, as `ablate run` takes them
     (:class:`ablate.service.execution.options.RunOptions`); the job keeps those `ablate slurm` takes. ``gpus_per_trial``
@@ -148,13 +164,18 @@ def slurm_job(
     storage, name, cpus_per_trial = opts.storage, opts.name, opts.cpus_per_trial
     given = Path(grid)  # a grid file is named by its absolute path: the job may start in another folder
     grid_ref = str(resolve_grid_path(grid).resolve()) if given.suffix in (".yaml", ".yml") or given.exists() else grid
-    if is_remote(storage):
-        raise RunError(
-            f"--storage {storage}: ablate slurm needs a folder that every node reaches (a shared file system), "
-            "not an object store"
-        )
-    folder = str(Path(storage).expanduser().resolve())
-    _check_word(folder, "--storage")
+    remote = is_remote(storage)
+    if remote:  # the job's `ablate run` gets the URI as it is, quoted; a control character would end a script line
+        if any(ord(c) < 32 or ord(c) == 127 for c in storage):
+            raise ConfigError(
+                f"--storage {quote(storage)}: expected a URI without control characters (such as a newline)"
+            )
+        folder = storage
+    else:
+        folder = str(Path(storage).expanduser().resolve())
+        _check_word(folder, "--storage")
+    if script_dir is not None or remote:
+        script_dir = _check_word(str(Path(script_dir or ".").expanduser().resolve()), "--script-dir")
     run = check_run_name(name or default_run_name(loaded))
     _check_word(run, "--name")
     for flag, value, low in (("--nodes", nodes, 1), ("--gpus-per-node", gpus_per_node, 0)):
@@ -176,20 +197,25 @@ def slurm_job(
                 f"--time {time}: too short; the job stops the run {GRACE_S} s before its limit to requeue itself, "
                 f"so ask for more than {2 * GRACE_S // 60} minutes"
             )
+    if remote:
+        check_writable(storage)  # as `ablate run` checks it: a missing bucket, no credentials, a bad query (one line)
     return SlurmJob(
         grid=grid_ref, options=build_options(opts, storage=folder, name=run, gpus_per_trial=gpus), nodes=nodes,
         gpus_per_node=gpus_per_node, cpus_per_node=cpus_per_node, partition=partition, time=time,
+        script_dir=script_dir,
     )  # fmt: skip
 
 
 def script_path(job: SlurmJob) -> Path:
-    """Where :func:`write_script` puts the job's script: ``<storage>/<run name>.sbatch``."""
-    return Path(job.storage) / f"{job.name}.sbatch"
+    """Where :func:`write_script` puts the job's script: ``<script dir>/<run name>.sbatch`` (the script dir is the
+    storage folder unless the job names another; it always does when the storage is a URI)."""
+    return Path(job.folder) / f"{job.name}.sbatch"
 
 
 def job_output(job: SlurmJob, job_id: str = "%j") -> str:
-    """The job's output file (every start of the job appends to it): ``<storage>/<run name>.slurm-<job id>.out``."""
-    return f"{job.storage}/{job.name}.slurm-{job_id}.out"
+    """The job's output file (every start of the job appends to it): ``<script dir>/<run name>.slurm-<job id>.out``,
+    beside the script."""
+    return f"{job.folder}/{job.name}.slurm-{job_id}.out"
 
 
 def _run_words(job: SlurmJob) -> list[str]:
@@ -226,6 +252,8 @@ def render_script(job: SlurmJob) -> str:
         f"RAY={q(job.ray)}",
         f"STORAGE={q(job.storage)}",
         f"RUN_NAME={q(job.name)}",
+        f"RUN_DIR={q(job.run_dir)}",
+        f"STATUS={q(shlex.join([job.python, '-m', 'ablate.cli', 'status', job.run_dir]))}",
         f"NODES={job.nodes}",
         f"CPUS={job.cpus_per_node}" if job.cpus_per_node else "CPUS=${SLURM_CPUS_ON_NODE:-1}",
         f"GPUS={job.gpus_per_node}",
@@ -321,7 +349,7 @@ while [ -z "$stop" ]; do
   case $known in
     10) resume=(--resume) ;;
     11) resume=() ;;
-    *) say "cannot tell whether $STORAGE/$RUN_NAME holds a run (exit $known)"; finish 1 ;;
+    *) say "cannot tell whether $RUN_DIR holds a run (exit $known)"; finish 1 ;;
   esac
   say "${RUN[*]} --address $head_ip:$port ${resume[*]}"
   "${RUN[@]}" --address "$head_ip:$port" "${resume[@]}" 2> >(trap '' TERM; exec tee "$JOBTMP/driver.err" >&2) &
@@ -342,13 +370,13 @@ while [ -z "$stop" ]; do
   fi
   break
 done
-say "ablate run ended with exit code $code; status: $PYTHON -m ablate.cli status $STORAGE/$RUN_NAME"
+say "ablate run ended with exit code $code; status: $STATUS"
 finish "$code"
 """
 
 
 def write_script(job: SlurmJob) -> Path:
-    """Write the job's batch script to :func:`script_path` (creating the storage folder) and return its path."""
+    """Write the job's batch script to :func:`script_path` (creating its folder) and return its path."""
     path = script_path(job)
     path.parent.mkdir(parents=True, exist_ok=True)
     text = render_script(job)

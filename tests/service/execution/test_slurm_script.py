@@ -1,21 +1,36 @@
-"""`ablate slurm` without a cluster: the job's checks, the rendered batch script, and the CLI's output.
+"""`ablate slurm` without a cluster: the job's checks, the rendered batch script, and the CLI's output; with a
+local folder and with a URI on a real S3 server (moto's, on 127.0.0.1: tests/s3_server.py) as its storage.
 
 The script's behaviour on a real SLURM (start, requeue, resume) is tests/service/execution/test_slurm.py.
 """
 
 from __future__ import annotations
 
+import shlex
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import s3_server
+from s3_server import fresh_s3_uri
 
 from ablate import cli
 from ablate.config import ConfigError
-from ablate.service.execution.slurm import render_script, script_path, slurm_job, submit, time_seconds, write_script
+from ablate.service.execution.slurm import (
+    job_output,
+    render_script,
+    script_path,
+    slurm_job,
+    submit,
+    time_seconds,
+    write_script,
+)
 from ablate.service.records.rundir import RunError
 from ablate.service.specs.grids import GridError
+
+s3_query = s3_server.s3_query  # the module's S3 server (a fixture), started by the tests that ask for it
 
 
 def _job(tmp_path, **kwargs):
@@ -73,9 +88,88 @@ def test_bad_input_is_one_clear_line_and_writes_nothing(tmp_path, kwargs, messag
     assert not (tmp_path / "s").exists()
 
 
-def test_storage_must_be_a_shared_folder_not_a_bucket():
-    with pytest.raises(RunError, match="shared file system"):
-        slurm_job("batch_vs_dim", scale="smoke", storage="s3://bucket/runs")
+def _shell_words(text: str, *names: str) -> list[str]:
+    """What bash makes of the script's settings (every line before its body): the values of ``names``, an array
+    (``RUN``) word by word."""
+    settings = text.split("export RAY_AUTH_MODE=token", 1)[0]
+    shown = " ".join(f'"${{{n}[@]}}"' for n in names)
+    done = subprocess.run(["bash", "-c", f"{settings}\nprintf '%s\\0' {shown}"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.split("\0")[:-1]
+
+
+def test_a_uri_storage_reaches_the_job_as_typed_and_the_script_lands_in_the_script_dir(tmp_path, s3_query, capsys):
+    uri = fresh_s3_uri(s3_query)  # s3://runs/lab/<id>?endpoint_override=127.0.0.1:PORT&scheme=http&region=…
+    jobs = tmp_path / "jobs"
+    flags = ["batch_vs_dim", "--scale", "smoke", "--storage", uri, "--name", "r", "--set", "max_steps=30"]
+    assert cli.main(["slurm", *flags, "--script-dir", str(jobs)]) == 0
+    path = jobs.resolve() / "r.sbatch"
+    assert f"wrote {path}" in capsys.readouterr().out and sorted(p.name for p in tmp_path.iterdir()) == ["jobs"]
+    text = path.read_text()
+    assert f"STORAGE={shlex.quote(uri)}" in text and f"--storage {shlex.quote(uri)}" in text  # verbatim, quoted
+    assert f"#SBATCH --output={jobs.resolve()}/r.slurm-%j.out" in text
+    base, query = uri.split("?")
+    storage, run_dir, *run = _shell_words(text, "STORAGE", "RUN_DIR", "RUN")
+    assert (storage, run_dir) == (uri, f"{base}/r?{query}")  # the query survives the shell
+    # the job's run (and each requeued start's, with --resume added) is what a user types for this run
+    from ablate.cli.run import resume_command
+
+    typed = cli.build_parser().parse_args(["run", *flags, "--gpus-per-trial", "0"])
+    assert run == [sys.executable, "-m", "ablate.cli", *shlex.split(resume_command(typed))[1:-1]]
+    assert resume_command(typed).endswith("--resume") and "--resume" not in run
+    done = subprocess.run(["bash", "-n"], input=text, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    from ablate.service.execution.runner import has_run_state
+
+    assert not has_run_state(uri, "r"), "the check's probe object is gone: the job starts a fresh run"
+
+
+def test_a_uri_storage_puts_the_script_in_the_current_folder_by_default(tmp_path, s3_query, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    job = slurm_job("batch_vs_dim", scale="smoke", storage=fresh_s3_uri(s3_query))
+    assert script_path(job) == tmp_path.resolve() / "batch_vs_dim-smoke.sbatch"
+    assert job_output(job, "7") == f"{tmp_path.resolve()}/batch_vs_dim-smoke.slurm-7.out"
+    assert write_script(job) == script_path(job) and sorted(p.name for p in tmp_path.iterdir()) == [
+        "batch_vs_dim-smoke.sbatch"
+    ]
+
+
+def test_an_optuna_search_on_a_uri_goes_as_ablate_run_takes_it(tmp_path, s3_query):
+    """`ablate slurm` asks of the storage what `ablate run` asks (check_writable), nothing of its own."""
+    uri = fresh_s3_uri(s3_query)
+    job = slurm_job("tune_aninfonce", scale="smoke", storage=uri, script_dir=str(tmp_path))
+    assert f"--storage {shlex.quote(uri)}" in render_script(job)
+
+
+@pytest.mark.parametrize(
+    "make, reason",
+    [
+        (lambda q: fresh_s3_uri(q, bucket="no-such-bucket"), "bucket does not exist"),
+        (lambda q: fresh_s3_uri(q) + "&no_such_option=1", "Unexpected query parameter"),
+        (lambda q: f"s3:///lab?{q}", "Missing bucket name"),
+        (lambda q: fresh_s3_uri(q).replace("lab/", "lab\n#SBATCH --x/"), "control characters"),
+    ],
+)
+def test_a_bad_uri_is_one_line_naming_it_before_anything_is_written(tmp_path, s3_query, capsys, make, reason):
+    uri = make(s3_query)
+    with pytest.raises((ConfigError, RunError)) as info:
+        slurm_job("batch_vs_dim", scale="smoke", storage=uri, script_dir=str(tmp_path / "jobs"))
+    message = str(info.value)
+    assert reason in message and "\n" not in message and repr(uri)[1:-1] in message, message  # the URI, named
+    assert cli.main(["slurm", "batch_vs_dim", "--scale", "smoke", "--storage", uri, "--script-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and reason in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_local_storage_with_a_script_dir_keeps_the_run_in_the_storage(tmp_path):
+    job = _job(tmp_path / "runs", script_dir=str(tmp_path / "jobs"))
+    assert write_script(job) == (tmp_path / "jobs" / "batch_vs_dim-smoke.sbatch").resolve()
+    text = script_path(job).read_text()
+    assert f"#SBATCH --output={(tmp_path / 'jobs').resolve()}/batch_vs_dim-smoke.slurm-%j.out" in text
+    assert f"--storage {(tmp_path / 'runs').resolve()}" in text and not (tmp_path / "runs").exists()
+    with pytest.raises(ConfigError, match="--script-dir '/a b'"):
+        _job(tmp_path / "runs", script_dir="/a b")
 
 
 @pytest.mark.parametrize(
