@@ -1,4 +1,5 @@
-"""Optuna's own views of an Optuna grid's study (RUN_DIR/optuna.db, study name = grid name), beside ablate's panels.
+"""Optuna's own views of an Optuna grid's study (RUN_DIR/optuna.db, or optuna.journal on object storage; study name =
+grid name), beside ablate's panels.
 
 Three views, each computed as a plain DataFrame first (what the tests assert on), then drawn with
 :mod:`optuna.visualization`: the optimisation history, the parameters' importances and the parallel
@@ -17,7 +18,7 @@ from typing import Any
 
 import pandas as pd
 
-from ablate.service.records.rundir import OPTUNA_DB, is_remote, optuna_storage_url
+from ablate.service.records.rundir import has_study, study_file
 
 __all__ = ["OptunaView", "load_study", "optuna_views"]
 
@@ -37,13 +38,15 @@ class OptunaView:
 
 
 def load_study(run_dir: str | Path, study_name: str):
-    """The run's Optuna study, or None when the run has no RUN_DIR/optuna.db (or lives on remote storage)."""
-    if is_remote(str(run_dir)) or not (Path(run_dir) / OPTUNA_DB).is_file():
+    """The run's Optuna study, or None when the run has no study file (:mod:`ablate.service.records.study`)."""
+    if not has_study(run_dir):
         return None
     import optuna
 
+    from ablate.service.records.study import load_study as load_run_study
+
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    return optuna.load_study(study_name=study_name, storage=optuna_storage_url(run_dir))
+    return load_run_study(run_dir, study_name)
 
 
 def _finished(study) -> list:
@@ -114,7 +117,7 @@ def optuna_views(run_dir: str | Path, study_name: str) -> list[OptunaView]:
                 "",
                 pd.DataFrame(),
                 None,
-                f"the study in {OPTUNA_DB} could not be opened ({type(exc).__name__}: {exc})",
+                f"the study in {study_file(run_dir)} could not be opened ({type(exc).__name__}: {exc})",
             )
         ]
     if study is None:

@@ -52,8 +52,8 @@ class RunOptions(BaseModel):
     )
     storage: str = Field(
         "runs",
-        description="folder holding runs, local or shared by every node (default: ./runs); a grid (not a search) "
-        "also runs into object storage, s3://bucket/prefix or gs://…",
+        description="folder holding runs, local or shared by every node (default: ./runs), or object storage: "
+        "s3://bucket/prefix or gs://…",
         json_schema_extra=_meta(),
     )
     name: str | None = Field(

@@ -16,11 +16,10 @@ from ablate.service.execution.memory import check_memory
 from ablate.service.execution.options import RunOptions, build_options
 from ablate.service.execution.packs import resolve_pack
 from ablate.service.execution.probes import probe_acceptance, probe_plugins
-from ablate.service.records.rundir import OPTUNA_DB, RunError, is_remote
 from ablate.service.specs.grids import Grid
 from ablate.service.specs.resolve import resolve_grid
 
-__all__ = ["CheckedRun", "check_run", "check_storage", "prepare_run"]
+__all__ = ["CheckedRun", "check_run", "prepare_run"]
 
 
 @dataclass(frozen=True)
@@ -33,22 +32,11 @@ class CheckedRun:
     num_cpus: int | None = None  # the CPUs an embedded Ray gets (None: the machine's)
 
 
-def check_storage(grid: Grid, storage: str) -> None:
-    """Refuse (:class:`RunError`, one line) an Optuna search on object storage: its study is a SQLite file
-    (``optuna.db``), which needs a file system; a grid's record is files written whole, which object storage takes."""
-    if grid.search == "optuna" and is_remote(storage):
-        raise RunError(
-            f"--storage {storage}: {grid.name} is an Optuna search, whose study is a SQLite file ({OPTUNA_DB}) that "
-            "needs a file system; run the search on local or shared storage (a folder every node reaches)"
-        )
-
-
 def check_run(grid: Grid, options: RunOptions, *, num_cpus: int | None = None) -> CheckedRun:
-    """Check a grid that :func:`resolve_grid` resolved with ``options`` before anything starts: its storage
-    (:func:`check_storage`), its pack size (a pack only on a grid search), its plugins, its rejection sampler's acceptance, and whether its trials fit this
+    """Check a grid that :func:`resolve_grid` resolved with ``options`` before anything starts: its pack size (a
+    pack only on a grid search), its plugins, its rejection sampler's acceptance, and whether its trials fit this
     machine's memory. The first problem is a one-line error."""
     cpus, gpus = options.cpus_per_trial, options.gpus_per_trial or 0.0
-    check_storage(grid, options.storage)
     pack = resolve_pack(options.pack, grid, gpus)
     probe_plugins(grid)
     probe_acceptance(grid)

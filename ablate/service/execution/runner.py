@@ -308,12 +308,18 @@ def _fit(
     # driver's, never into the run directory: nothing Ray writes is part of the record, and a full run directory
     # cannot tear a file Ray reads back. No Ray checkpoints and no synced artifacts: no worker writes there.
     run_name = opts.name or default_run_name(grid)
+    study = _study_storage(grid, run_dir, check)
     ray_storage = tempfile.mkdtemp(prefix=f"ablate-tune-{run_name}-")
     tuner = tune.Tuner(
         tune.with_resources(trainable, {"cpu": opts.cpus_per_trial, "gpu": opts.gpus_per_trial or 0.0}),
         param_space=_param_space(grid, plan, run_dir, opts.keep_checkpoints, opts.checkpoint_every),
         tune_config=tune_config(
-            grid, opts.max_concurrent, run_dir, n_samples=_samples_left(grid, run_dir), units=_units(grid, plan)
+            grid,
+            opts.max_concurrent,
+            run_dir,
+            n_samples=_samples_left(grid, run_dir, study),
+            units=_units(grid, plan),
+            study=study,
         ),
         run_config=tune.RunConfig(
             name=run_name,
@@ -342,7 +348,21 @@ def _fit(
             _log.warning("TensorBoard's event files: %s", ray_storage)
         else:
             shutil.rmtree(ray_storage, ignore_errors=True)
+    if study is not None:
+        from ablate.service.records.study import flush_study
+
+        flush_study(study)  # on object storage: the intermediate values told last (the study's ends are uploaded)
     return results, interrupted()
+
+
+def _study_storage(grid: Grid, run_dir: str, check):
+    """A search's study storage, opened once for the driver (None for a grid): its writes on object storage ask
+    ``check()`` first (:mod:`ablate.service.records.study`)."""
+    if grid.search != "optuna":
+        return None
+    from ablate.service.records.study import study_storage
+
+    return study_storage(run_dir, check=check)
 
 
 def _param_space(grid: Grid, plan: Plan | None, run_dir: str, keep: int, every: float = 0.0) -> dict[str, Any]:
@@ -370,14 +390,14 @@ def _record_id(config: dict[str, Any] | None) -> str | None:
     return None if record is None else record["id"]
 
 
-def _samples_left(grid: Grid, run_dir: str) -> int | None:
+def _samples_left(grid: Grid, run_dir: str, study=None) -> int | None:
     """An Optuna search's samples still to run: its budget less the trials its study finished (None: a grid); the
     trials a stopped driver left running are among them (evaluated again first, :mod:`.search`)."""
     if grid.search != "optuna":
         return None
     from ablate.service.execution.search import finished_samples
 
-    return max(grid.n_trials - finished_samples(grid, run_dir), 0)
+    return max(grid.n_trials - finished_samples(grid, run_dir, study), 0)
 
 
 def _swept(paths: list[str]) -> None:

@@ -1,13 +1,12 @@
-"""How Ray Tune searches a grid: a plain grid search, or Optuna (TPE) with ASHA, its study in RUN_DIR/optuna.db."""
+"""How Ray Tune searches a grid: a plain grid search, or Optuna (TPE) with ASHA, its study in the run directory
+(``optuna.db``, or ``optuna.journal`` on object storage: :mod:`ablate.service.records.study`)."""
 
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Any
 
 from ablate.service.records.record import RunRecord, folder_name
-from ablate.service.records.rundir import OPTUNA_DB, optuna_storage_url
 from ablate.service.records.trial import record_of
 from ablate.service.records.trial_log import ERROR_KEY
 from ablate.service.specs.grids import Grid, n_reports
@@ -29,39 +28,37 @@ def trial_dirname(trial) -> str:
     return folder_name(record["id"] if record is not None else trial.trial_id)
 
 
-def _study(grid: Grid, run_dir: str):
-    """The search's Optuna study in ``RUN_DIR/optuna.db`` (study name = grid name), or None when there is none yet."""
-    import optuna
+def _study(grid: Grid, run_dir: str, storage=None):
+    """The search's Optuna study in the run directory (study name = grid name), or None when there is none yet.
+    ``storage``: the study's storage already open in this driver (:func:`ablate.service.records.study.study_storage`)."""
+    from ablate.service.records.study import load_study
 
-    if not Path(run_dir, OPTUNA_DB).is_file():
-        return None
-    storage = optuna.storages.RDBStorage(optuna_storage_url(run_dir))
-    try:
-        return optuna.load_study(study_name=grid.name, storage=storage)
-    except KeyError:  # the database holds no study of that name
-        return None
+    return load_study(run_dir, grid.name, storage)
 
 
 def check_study(run_dir: str) -> None:
-    """Refuse to go on with a search whose study (``RUN_DIR/optuna.db``) is gone while its trial folders are not:
-    a new study would know nothing of them, suggest their settings again and train on trials ASHA had stopped,
-    mixing two searches in one record. Raises :class:`ablate.service.records.rundir.RunError`."""
+    """Refuse to go on with a search whose study (``optuna.db``; ``optuna.journal`` on object storage) is gone while
+    its trial folders are not: a new study would know nothing of them, suggest their settings again and train on
+    trials ASHA had stopped, mixing two searches in one record. Raises
+    :class:`ablate.service.records.rundir.RunError`."""
     from ablate.service.records.rundir import RunError
+    from ablate.service.records.study import has_study, study_file
 
-    if Path(run_dir, OPTUNA_DB).is_file():
+    if has_study(run_dir):
         return
     trials = list(RunRecord(run_dir).trials())
     if trials:
+        name = study_file(run_dir)
         raise RunError(
-            f"{run_dir}: {OPTUNA_DB} is missing but {len(trials)} trial folder(s) of the search are here: the study "
-            f"that ranked them is gone, and a new one would mix with them; put {OPTUNA_DB} back, or run the search "
+            f"{run_dir}: {name} is missing but {len(trials)} trial folder(s) of the search are here: the study "
+            f"that ranked them is gone, and a new one would mix with them; put {name} back, or run the search "
             "under another --name"
         )
 
 
-def finished_samples(grid: Grid, run_dir: str) -> int:
+def finished_samples(grid: Grid, run_dir: str, storage=None) -> int:
     """Trials of the search's study that ended (complete, pruned or failed): they count against its budget."""
-    study = _study(grid, run_dir)
+    study = _study(grid, run_dir, storage)
     if study is None:
         return 0
     import optuna
@@ -76,10 +73,10 @@ def finished_samples(grid: Grid, run_dir: str) -> int:
 _CONTINUED = "ablate_continued"
 
 
-def unfinished_points(grid: Grid, run_dir: str) -> list[dict[str, Any]]:
+def unfinished_points(grid: Grid, run_dir: str, storage=None) -> list[dict[str, Any]]:
     """The settings of the study's trials a stopped driver left RUNNING, closed here (FAIL, marked continued): the
     search asks Optuna to evaluate them again first, and each continues in its trial folder from its checkpoint."""
-    study = _study(grid, run_dir)
+    study = _study(grid, run_dir, storage)
     if study is None:
         return []
     import optuna
@@ -147,14 +144,17 @@ def tune_config(
     run_dir: str | None = None,
     n_samples: int | None = None,
     units: list[dict[str, Any]] | None = None,
+    study=None,
 ):
     """Ray Tune's TuneConfig for ``grid``: its ``units`` once each (a grid, :func:`unit_searcher`), or Optuna's
     TPE sampler with ASHA.
 
-    An Optuna grid keeps its study in ``RUN_DIR/optuna.db`` (study name = grid name), so ``optuna.load_study``,
-    optuna-dashboard and the report read it, and a later run of the search continues it: ``n_samples`` (the budget
-    less the trials the study finished) are run, first the trials a stopped driver left running (each continues
-    from its checkpoint), then new ones.
+    An Optuna grid keeps its study in the run directory (study name = grid name; ``optuna.db``, or
+    ``optuna.journal`` on object storage), so ``optuna.load_study``, optuna-dashboard and the report read it, and a
+    later run of the search continues it: ``n_samples`` (the budget less the trials the study finished) are run,
+    first the trials a stopped driver left running (each continues from its checkpoint), then new ones. ``study``:
+    the study's storage the driver opened (:func:`ablate.service.records.study.study_storage`), else one is opened
+    here.
     """
     from ray import tune
 
@@ -175,12 +175,12 @@ def tune_config(
     assert opt is not None  # search: optuna
     storage, again, tried = None, [], 0
     if run_dir is not None:
-        import optuna
+        from ablate.service.records.study import study_storage
 
-        again = unfinished_points(grid, run_dir)
-        study = _study(grid, run_dir)
-        tried = 0 if study is None else len(study.get_trials(deepcopy=False))
-        storage = optuna.storages.RDBStorage(optuna_storage_url(run_dir))
+        storage = study if study is not None else study_storage(run_dir)
+        again = unfinished_points(grid, run_dir, storage)
+        found = _study(grid, run_dir, storage)
+        tried = 0 if found is None else len(found.get_trials(deepcopy=False))
     searcher = _optuna_search(
         metric=opt.metric,
         mode=opt.mode,

@@ -18,6 +18,7 @@ Layout of a run directory::
     trial_<id>/stopped.json    a search's trial its scheduler stopped early (STOPPED_FILE)
     best_config.json           an Optuna grid's best setting (BEST_CONFIG_FILE)
     optuna.db                  an Optuna grid's study (OPTUNA_DB, SQLite)
+    optuna.journal             on object storage, in its place: the study as Optuna's journal (STUDY_JOURNAL)
     report.html                the report (REPORT_FILE)
     ablate_provenance.jsonl    what produced the run: one line per start and resume (PROVENANCE_FILE)
     ablate_environment.txt     the installed distributions at the newest start or resume (ENVIRONMENT_FILE)
@@ -66,12 +67,14 @@ __all__ = [
     "RESULT_FILE",
     "RUN_MARKER",
     "STOPPED_FILE",
+    "STUDY_JOURNAL",
     "TRIAL_PREFIX",
     "RunError",
     "WriteError",
     "atomic_write",
     "check_run_name",
     "check_writable",
+    "has_study",
     "is_remote",
     "member_id",
     "optuna_storage_url",
@@ -79,6 +82,7 @@ __all__ = [
     "resolve_run_dir",
     "run_name",
     "split_run_dir",
+    "study_file",
     "sweep_stale_temps",
     "write_marker",
     "write_text",
@@ -96,6 +100,9 @@ RESULT_FILE = "result.json"
 BEST_CONFIG_FILE = "best_config.json"
 #: The SQLite file that holds an Optuna grid's study (opens in optuna-dashboard and optuna.load_study).
 OPTUNA_DB = "optuna.db"
+#: An Optuna grid's study on object storage, which has no file locks: Optuna's journal, one JSON line per operation
+#: (ablate.service.records.study).
+STUDY_JOURNAL = "optuna.journal"
 #: The report `ablate report` writes by default.
 REPORT_FILE = "report.html"
 #: Trial folders are named ``trial_<trial id>``.
@@ -182,6 +189,18 @@ def split_run_dir(run_dir: str) -> tuple[str, str]:
 def optuna_storage_url(run_dir: str | os.PathLike) -> str:
     """SQLAlchemy URL of a local run's Optuna study (``sqlite:///RUN_DIR/optuna.db``)."""
     return f"sqlite:///{local_path(run_dir).resolve() / OPTUNA_DB}"
+
+
+def study_file(run_dir: str | os.PathLike) -> str:
+    """The name of the run's study file: ``optuna.db`` on a file system, ``optuna.journal`` on object storage."""
+    return STUDY_JOURNAL if is_remote(str(run_dir)) else OPTUNA_DB
+
+
+def has_study(run_dir: str | os.PathLike) -> bool:
+    """Whether the run directory holds a study file (:func:`study_file`)."""
+    if is_remote(str(run_dir)):
+        return as_store(str(run_dir)).exists(STUDY_JOURNAL)
+    return (local_path(run_dir) / OPTUNA_DB).is_file()
 
 
 def check_writable(storage: str) -> None:

@@ -256,67 +256,6 @@ def test_a_search_stopped_twice_resumes_to_its_budget_with_optuna_db_and_the_fol
     assert info["counts"]["interrupted"] == 0 and info["counts"]["running"] == 0, info["counts"]
 
 
-def _search_settings(run_dir: Path) -> tuple[list[str], set[str]]:
-    """The settings of an Optuna search's counted trials (those not closed as continued) and of its trial folders."""
-    import optuna
-
-    study = optuna.load_study(study_name="tune_aninfonce", storage=f"sqlite:///{run_dir / 'optuna.db'}")
-    closed = set(study.user_attrs.get("ablate_continued", []))
-    space = ["lr", "lr_lambda", "lr_schedule", "batch_size", "encoder_widths", "report_every"]
-
-    def text(values: dict) -> str:
-        return json.dumps(
-            [
-                json.loads(values[k]) if k == "encoder_widths" and isinstance(values[k], str) else values[k]
-                for k in space
-            ]
-        )
-
-    counted = [text(t.params) for t in study.get_trials(deepcopy=False) if t.number not in closed]
-    assert all(t.state.is_finished() for t in study.get_trials(deepcopy=False))
-    folders = {text(json.loads(f.read_text())) for f in run_dir.glob("trial_*/params.json")}
-    return counted, folders
-
-
-@pytest.mark.ray
-def test_a_search_killed_with_kill_9_goes_on_to_its_budget_of_distinct_settings(tmp_path, capsys):
-    """kill -9 of the whole process group mid-search, with two trials reporting, then --resume: the search goes on
-    to its budget of 4 distinct settings (it used to wait forever on a cached actor's lock, and its sampler,
-    seeded as in the first run, suggested the killed settings again), and optuna.db and the folders agree. Then
-    optuna.db deleted: the next run refuses in one line instead of starting a new study beside the old trials."""
-    import os
-    import signal
-    import subprocess
-    import time
-
-    from ablate import cli
-
-    argv = [sys.executable, "-m", "ablate.cli", "run", "tune_aninfonce", "--scale", "smoke", "--storage", str(tmp_path)]
-    argv += ["--name", "k", "--set", "max_steps=300", "--no-report", "--no-dashboard"]
-    run_dir = tmp_path / "k"
-    with (tmp_path / "first.log").open("w") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.time() + 240
-        while time.time() < deadline and len(list(run_dir.glob("trial_*/result.json"))) < 2:
-            time.sleep(0.2)
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=60)
-    code, text = run_logged([*argv, "--resume"], tmp_path / "resume.log", timeout=900)
-    assert code == 0, text[-3000:]
-    counted, folders = _search_settings(run_dir)
-    assert len(counted) == 4 and len(set(counted)) == 4, counted
-    assert folders == set(counted), (folders, counted)
-
-    (run_dir / "optuna.db").unlink()
-    assert cli.main(argv[3:] + ["--resume"]) == 2
-    (line,) = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
-    assert line == (
-        f"ablate: error: {run_dir}: optuna.db is missing but 4 trial folder(s) of the search are here: the study that "
-        "ranked them is gone, and a new one would mix with them; put optuna.db back, or run the search under another "
-        "--name"
-    ), line
-
-
 @pytest.mark.ray
 def test_two_grids_in_one_run_are_read_one_grid_at_a_time(tmp_path, capsys):
     """Another grid into the same run is normal; status, export, report and claims read the grid it ran last, or the

@@ -1,7 +1,8 @@
 """A run on object storage (issue "The run record on object storage"): `ablate status`, `export`, `report`,
 `compare` and `claims` read a run directory at an ``s3://`` URI as they read it on disk, and `ablate run --storage
-s3://…` writes a grid's run there (its driver and trials holding leases in place of locks), resumable as on disk.
-An Optuna search there, and storage that cannot be written, are refused in one line before Ray starts.
+s3://…` writes a grid's or an Optuna search's run there (its driver and trials holding leases in place of locks, the
+search's study an Optuna journal), resumable as on disk. Storage that cannot be written is refused in one line
+before Ray starts.
 
 The store is a real S3 server (moto's standalone server, as Ray's own storage tests use) that the test starts on
 127.0.0.1 (tests/s3_server.py), reached through pyarrow's S3 client with the endpoint in the URI, as a researcher
@@ -13,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import sys
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -113,18 +115,6 @@ def test_a_uri_that_holds_no_run_is_refused_in_one_line(s3_store, capsys):
     assert cli.main(["status", f"s3://runs/lab/none?{s3_store}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "not an ablate run directory" in err[0], err
-
-
-def test_a_search_on_object_storage_is_refused_in_one_line_before_ray(ablate_cli):
-    """An Optuna search keeps its study in SQLite (optuna.db), which needs a file system: refused before anything
-    is written (the URI's endpoint is never even reached)."""
-    storage = "s3://runs/lab?endpoint_override=127.0.0.1:1&scheme=http"
-    line = ablate_cli("run", "tune_aninfonce", "--scale", "smoke", "--storage", storage).refusal()
-    assert line == (
-        f"ablate: error: --storage {storage}: tune_aninfonce is an Optuna search, whose study is a SQLite file "
-        "(optuna.db) that needs a file system; run the search on local or shared storage (a folder every node "
-        "reaches)"
-    ), line
 
 
 def test_storage_that_cannot_be_written_is_refused_in_one_line_naming_it(s3_store, ablate_cli):
@@ -283,3 +273,66 @@ def test_a_grid_on_object_storage_killed_with_kill_9_resumes_and_reads_as_on_dis
     code, again = run_logged([*smoke_cmd(storage, *flags), "--resume"], tmp_path / "again.log", timeout=120)
     assert code == 0 and "batch_vs_dim: 4 points: 4 reused, 0 continued, 0 started" in again, again[-4000:]
     assert _keys(uri) == keys
+
+
+_SPACE = ["lr", "lr_lambda", "lr_schedule", "batch_size", "encoder_widths", "report_every"]
+
+
+def _settings(values: dict) -> str:
+    """A search trial's settings as one text (encoder widths as the list, whether Optuna holds it as JSON text)."""
+    widths = values["encoder_widths"]
+    return json.dumps([json.loads(widths) if k == "encoder_widths" and isinstance(widths, str) else values[k]
+                       for k in _SPACE])  # fmt: skip
+
+
+@pytest.mark.ray
+def test_a_search_on_object_storage_killed_with_kill_9_goes_on_to_its_budget(s3_store, tmp_path, ablate_cli):
+    """`ablate run tune_aninfonce --scale smoke --storage s3://…` (its study an Optuna journal in the store), kill -9
+    of its whole process group with two trials reporting, then `--resume`: the search goes on to its budget of 4
+    distinct settings, its study (read from the store as a fresh driver reads it) and its trial folders agree, and
+    the report's Optuna views read the study from the store. Then the journal deleted: the next run refuses in one
+    line instead of starting a new study beside the old trials."""
+    import signal
+    import subprocess
+    import time
+
+    from ablate.reports.optuna_views import optuna_views
+    from ablate.service.records.rundir import STUDY_JOURNAL
+    from ablate.service.records.study import load_study
+
+    storage = f"s3://runs/lab?{s3_store}"
+    argv = ["run", "tune_aninfonce", "--scale", "smoke", "--storage", storage, "--name", "search"]
+    argv += ["--set", "max_steps=300", "--no-report", "--no-dashboard"]
+    cmd = [sys.executable, "-m", "ablate.cli", *argv]
+    uri = resolve_run_dir(storage, "search")
+    with (tmp_path / "first.log").open("w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.time() + 240
+        while time.time() < deadline and proc.poll() is None and len(_reports(uri)) < 2:
+            time.sleep(0.2)
+        assert proc.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+    code, text = run_logged([*cmd, "--resume"], tmp_path / "resume.log", timeout=600)
+    assert code == 0, text[-3000:]
+
+    study = load_study(uri, "tune_aninfonce")
+    closed = set(study.user_attrs.get("ablate_continued", []))
+    trials = study.get_trials(deepcopy=False)
+    assert all(t.state.is_finished() for t in trials), [(t.number, t.state) for t in trials]
+    counted = [_settings(t.params) for t in trials if t.number not in closed]
+    assert len(counted) == 4 and len(set(counted)) == 4, counted
+    store = as_store(uri)
+    folders = {_settings(json.loads(store.read_text(f"{t}/{PARAMS_FILE}"))) for t in store.list(dirs=True)}
+    assert folders == set(counted), (folders, counted)
+    assert not store.exists("optuna.db") and not store.exists(DRIVER_LEASE)
+    views = {v.name: v for v in optuna_views(uri, "tune_aninfonce")}
+    assert len(views["optimization_history"].data) == sum(t.state.name == "COMPLETE" for t in trials) > 0
+
+    store.delete(STUDY_JOURNAL)
+    line = ablate_cli(*argv, "--resume").refusal()
+    assert line == (
+        f"ablate: error: {uri}: optuna.journal is missing but 4 trial folder(s) of the search are here: the study "
+        "that ranked them is gone, and a new one would mix with them; put optuna.journal back, or run the search "
+        "under another --name"
+    ), line
