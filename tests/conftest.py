@@ -201,6 +201,18 @@ def smoke_cmd(storage, *extra: str) -> list[str]:
     ]
 
 
+#: Columns that differ between two runs of the same numbers: ids, timing, host, and where the batch was drawn.
+RUN_SPECIFIC = {"trial_id", "pack", "time_total_s", "prefetch"}
+
+
+def rows_by_point(df):
+    """A run's rows (:func:`ablate.analysis.results.load_results`) without :data:`RUN_SPECIFIC` columns, sorted by
+    grid point, seed and report: two runs of the same numbers give equal frames, packed or not."""
+    keys = [c for c in (*df.attrs["axes"], "seed", "training_iteration") if c in df.columns]
+    cols = sorted(c for c in df.columns if c not in RUN_SPECIFIC)
+    return df[cols].sort_values(keys, kind="stable").reset_index(drop=True)
+
+
 def run_logged(cmd: list[str], log_path, timeout: float = 300, env: dict | None = None, cwd=None) -> tuple[int, str]:
     """Run ``cmd`` with its output in a file (not a pipe: Ray's daemons may hold a pipe open after the
     driver exits) in its own process group, killed whole on time-out. Returns (exit code, output)."""

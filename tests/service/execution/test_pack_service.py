@@ -8,13 +8,10 @@ bits), so the packed and unpacked runs are compared for exact equality, not with
 from __future__ import annotations
 
 import math
-import signal
-import subprocess
-import time
 
 import pandas as pd
 import pytest
-from conftest import run_logged, runs_root, smoke_cmd, smoke_run
+from conftest import rows_by_point, runs_root, smoke_run
 
 from ablate import cli
 from ablate.analysis.claims.evaluate import evaluate_run
@@ -25,9 +22,6 @@ from ablate.service.records.trial_log import read_rows
 from ablate.service.specs.grids import known_grids, load_grid
 from ablate.service.specs.params import PACK_KEY
 
-#: Columns that differ between two runs of the same numbers: ids, timing, host, and where the batch was drawn.
-_RUN_SPECIFIC = {"trial_id", "pack", "time_total_s", "prefetch"}
-
 
 def _packable(name: str) -> bool:
     grid = load_grid(name, "smoke")
@@ -35,12 +29,6 @@ def _packable(name: str) -> bool:
 
 
 PACKABLE = [n for n in sorted(known_grids()) if _packable(n)]
-
-
-def _by_point(df: pd.DataFrame) -> pd.DataFrame:
-    keys = [c for c in (*df.attrs["axes"], "seed", "training_iteration") if c in df.columns]
-    cols = sorted(c for c in df.columns if c not in _RUN_SPECIFIC)
-    return df[cols].sort_values(keys, kind="stable").reset_index(drop=True)
 
 
 def test_every_grid_that_can_pack_has_a_pack_at_smoke_scale():
@@ -59,7 +47,7 @@ def test_a_packed_run_equals_the_unpacked_run_row_for_row(name, ray_session, tmp
     assert len(packed) == len(solo) and packed["trial_id"].nunique() == solo["trial_id"].nunique()
     assert packed["pack"].notna().all() and solo["pack"].isna().all()
     assert (packed["status"] == "TERMINATED").all()
-    pd.testing.assert_frame_equal(_by_point(packed), _by_point(solo), check_dtype=False, check_exact=True)
+    pd.testing.assert_frame_equal(rows_by_point(packed), rows_by_point(solo), check_dtype=False, check_exact=True)
     # one Ray trial per pack; every member has its own folder with params.json and result.json
     grid = load_grid(name, "smoke")
     n_packs = len(pack_groups([t.config for t in grid.trials], 8))
@@ -155,29 +143,3 @@ def test_pack_is_refused_for_a_search(tmp_path, capsys):
     code = cli.main(["run", "tune_aninfonce", "--scale", "smoke", "--storage", str(tmp_path), "--pack", "4"])
     assert code != 0
     assert "--pack 4: tune_aninfonce is an Optuna search" in capsys.readouterr().err
-
-
-@pytest.mark.ray
-def test_an_interrupted_packed_run_resumes_with_every_report_once(tmp_path, ray_session):
-    """Ctrl-C mid-run of a packed grid, then --resume: the export equals an uninterrupted unpacked run's."""
-    extra = ("--set", "max_steps=1000", "report_every=20", "--no-report", "--no-dashboard")  # long enough to stop
-    argv = [*smoke_cmd(tmp_path, "--name", "p", "--pack", "2", *extra)]
-    argv[argv.index("batch_vs_dim")] = "batch_vs_lambda"
-    log = tmp_path / "first.log"
-    with log.open("w") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.time() + 240
-        while time.time() < deadline and proc.poll() is None:
-            if len(list((tmp_path / "p").glob("trial_*/result.json"))) >= 2:
-                break
-            time.sleep(0.2)
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=120) == 130, log.read_text()[-3000:]
-    code, text = run_logged([*argv, "--resume"], tmp_path / "resume.log")
-    assert code == 0, text[-3000:]
-    solo_argv = [*smoke_cmd(tmp_path, "--name", "s", *extra)]
-    solo_argv[solo_argv.index("batch_vs_dim")] = "batch_vs_lambda"
-    assert cli.main(solo_argv[3:]) == 0  # the uninterrupted unpacked run: in this process, on the suite's Ray
-    packed, solo = load_results(tmp_path / "p"), load_results(tmp_path / "s")
-    assert packed.groupby("trial_id")["training_iteration"].apply(lambda s: list(s) == list(range(1, 51))).all()
-    pd.testing.assert_frame_equal(_by_point(packed), _by_point(solo), check_dtype=False, check_exact=True)

@@ -336,3 +336,56 @@ def test_a_search_on_object_storage_killed_with_kill_9_goes_on_to_its_budget(s3_
         "that ranked them is gone, and a new one would mix with them; put optuna.journal back, or run the search "
         "under another --name"
     ), line
+
+
+@pytest.mark.ray
+def test_a_packed_grid_on_object_storage_stopped_by_sigterm_grows_more_seeds_in_place(
+    s3_store, tmp_path, ablate_cli, ray_session
+):
+    """`ablate run batch_vs_lambda --pack 2 --storage s3://…` (a subprocess): a second driver on the run is refused in
+    one line while it trains; SIGTERM stops it (exit 143, resumable); then the same run with a second seed
+    (`--set … seeds=[0,1] --resume`, in this process) continues the stopped packs and trains the new seed's points in
+    place. Every point's log holds each report once, and the export equals an unpacked local run of both seeds never
+    stopped, row for row."""
+    import signal
+    import subprocess
+    import time
+
+    from conftest import rows_by_point
+
+    storage = f"s3://runs/lab?{s3_store}"
+    steps = ["--set", "max_steps=600", "report_every=20"]
+    flags = ["--name", "p", "--no-report", "--no-dashboard"]
+    argv = ["run", "batch_vs_lambda", "--scale", "smoke", "--storage", storage, *flags, *steps]
+    uri = resolve_run_dir(storage, "p")
+    log = tmp_path / "first.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "ablate.cli", *argv, "--pack", "2"], stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        deadline = time.time() + 240
+        while time.time() < deadline and proc.poll() is None:
+            if sum(len(v) for v in _reports(uri).values()) >= 4:
+                break
+            time.sleep(0.2)
+        assert proc.poll() is None, log.read_text()[-3000:]
+        holder = RunReader(uri).driver()
+        line = ablate_cli(*argv, "--resume").refusal()  # a second driver, while the first trains
+        assert line == f"ablate: error: {busy_message(uri, holder)}", (line, holder)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 143, log.read_text()[-3000:]
+    stopped = _reports(uri)
+    assert 0 < sum(len(v) for v in stopped.values()) < 4 * 30 and not as_store(uri).exists(DRIVER_LEASE), stopped
+
+    grown = ablate_cli(*argv, "seeds=[0,1]", "--pack", "2", "--resume")
+    assert grown.returncode == 0, grown.stderr[-3000:]
+    assert "batch_vs_lambda: 8 points: 0 reused" in grown.stdout, grown.stdout
+    after = _reports(uri)
+    members = [k for k in after if not k.startswith("trial_pack-")]
+    assert len(members) == 8 and all(after[k] == list(range(20, 601, 20)) for k in members), after
+    for trial, steps_before in stopped.items():  # the last report may be replayed from the checkpoint before it
+        assert after[trial][: len(steps_before) - 1] == steps_before[:-1], (trial, steps_before, after[trial])
+
+    local = ["run", "batch_vs_lambda", "--scale", "smoke", "--storage", str(tmp_path), *flags, *steps, "seeds=[0,1]"]
+    assert ablate_cli(*local).returncode == 0  # unpacked, never stopped, in this process on the suite's Ray
+    packed, solo = load_results(uri), load_results(tmp_path / "p")
+    pd.testing.assert_frame_equal(rows_by_point(packed), rows_by_point(solo), check_dtype=False, check_exact=True)
