@@ -1,6 +1,8 @@
 """Node loss on a real multi-node Ray cluster: a head and a worker node started with `ray start` on this machine
-(one CPU each, a shared storage folder), a smoke grid run with `ablate run --address`, and the worker node killed
-whole (raylet, agents, trial processes) while one of its trials is half-way, as when its machine is lost.
+(one CPU each), a smoke grid run with `ablate run --address` into object storage (an S3 server the test starts on
+127.0.0.1: the nodes share no folder, as on a cloud cluster), and the worker node killed whole (raylet, agents,
+trial processes) while one of its trials is half-way, as when its machine is lost: the trial moves to the head and
+resumes there from the checkpoint the worker node wrote into the store.
 
 The worker node listens on 127.0.0.2, so every report's ``node_ip`` says which node produced it. Until the
 worker's first report a placeholder job holds the head's CPU: otherwise Tune, which reuses a finished trial's actor
@@ -19,9 +21,14 @@ import time
 from pathlib import Path
 
 import pytest
+import s3_server
 from conftest import free_port, smoke_cmd, start_ray_node, wait_for_port
 
+from ablate.service.records.rundir import PARAMS_FILE, RESULT_FILE, resolve_run_dir
+from ablate.service.records.store import as_store
+
 pytestmark = pytest.mark.ray  # `ablate run` in a subprocess
+s3_query = s3_server.s3_query  # the module's S3 server (a fixture)
 
 WORKER_IP = "127.0.0.2"
 REPORT_EVERY = 20
@@ -93,17 +100,13 @@ def _stop(proc: subprocess.Popen | None) -> None:
         proc.wait()
 
 
-def _result_rows(run_dir: Path) -> dict[str, list[dict]]:
-    """Each trial's result.json rows (the result log as written, a torn last line skipped)."""
-    out = {}
-    for path in sorted(run_dir.glob("trial_*/result.json")):
-        rows = []
-        for line in path.read_text().splitlines():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                pass
-        out[path.parent.name] = rows
+def _result_rows(run_dir: str) -> dict[str, list[dict]]:
+    """Each trial's result.json rows in the store (the result log as written; one upload each, never torn)."""
+    store, out = as_store(run_dir), {}
+    for name in store.list(dirs=True):
+        text = store.read_text(f"{name}/{RESULT_FILE}")
+        if text is not None:
+            out[name] = [json.loads(line) for line in text.splitlines()]
     return out
 
 
@@ -127,11 +130,12 @@ def _uninterrupted(params: dict) -> list[dict]:
     return rows
 
 
-def test_trials_of_a_lost_node_resume_on_the_head_from_their_checkpoint(two_node_cluster, tmp_path):
+def test_trials_of_a_lost_node_resume_on_the_head_from_their_checkpoint(s3_query, two_node_cluster, tmp_path):
     address, worker = two_node_cluster
-    run_dir = tmp_path / "r"
+    storage = f"s3://runs/lab?{s3_query}"
+    run_dir = resolve_run_dir(storage, "r")
     cmd = [
-        *smoke_cmd(tmp_path), "--name", "r", "--address", address, "--cpus-per-trial", "1", "--max-failures", "3", "--no-report",
+        *smoke_cmd(storage), "--name", "r", "--address", address, "--cpus-per-trial", "1", "--max-failures", "3", "--no-report",
         "--results-every", "0",  # each report in the log as it is made: the test kills the node mid-trial
         "--set", f"max_steps={STEPS}", f"report_every={REPORT_EVERY}",
     ]  # fmt: skip
@@ -192,7 +196,7 @@ def test_trials_of_a_lost_node_resume_on_the_head_from_their_checkpoint(two_node
     assert set(df["status"]) == {"TERMINATED"} and df["trial_id"].nunique() == 4
     for trial_id, exported in df.groupby("trial_id"):
         assert list(exported["training_iteration"]) == list(range(1, REPORTS + 1)), trial_id
-        params = json.loads((run_dir / f"trial_{trial_id}" / "params.json").read_text())
+        params = json.loads(as_store(run_dir).read_text(f"trial_{trial_id}/{PARAMS_FILE}"))
         expected = _uninterrupted(params)
         for key in ("step", "r2", "loss", "mcc"):
             want = [e[key] for e in expected]
