@@ -206,3 +206,51 @@ def test_a_remote_run_directory_is_opened_once_per_process(s3_query):
     store = as_store(uri)
     assert as_store(store) is store and isinstance(TrialRecord(uri, "a").checkpoints, Store)
     assert TrialRecord(uri, "a").folder == store.join("trial_a") and RunRecord(uri).dir == uri
+
+
+def test_a_trial_killed_mid_upload_of_a_checkpoint_keeps_the_one_before(s3_query):
+    """A trial's process killed with SIGKILL while its writer thread uploads a large checkpoint to S3 (a multipart
+    upload, seen in progress on the server): the new checkpoint never appears, the one before it loads, and the
+    resume point is that one. The parts the kill left behind are invisible to every reader (docs/clusters.md: a
+    bucket lifecycle rule aborts them)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+    from urllib.parse import parse_qs, urlsplit
+
+    import boto3
+
+    from ablate.service.records.trial import resume_point
+
+    uri = fresh_s3_uri(s3_query)
+    trial = as_store(uri).join("trial_a")
+    child = textwrap.dedent(
+        f"""
+        import sys, torch
+        from ablate.service.records.checkpoint_writer import CheckpointWriter
+        from ablate.service.records.trial import write_checkpoint
+        write_checkpoint({trial!r}, {{"step": 5, "w": torch.ones(10)}}, keep=2)
+        CheckpointWriter({trial!r}, keep=2).submit({{"step": 10, "w": torch.randn(40_000_000)}}, logged=5)  # 160 MB
+        sys.stdin.read()  # until killed
+        """
+    )
+    query = parse_qs(urlsplit(uri).query)
+    s3 = boto3.client("s3", endpoint_url=f"{query['scheme'][0]}://{query['endpoint_override'][0]}")
+    prefix = urlsplit(trial).path.lstrip("/") + "/"
+    proc = subprocess.Popen([sys.executable, "-c", child], stdin=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.time() + 120
+        while not s3.list_multipart_uploads(Bucket="runs", Prefix=prefix).get("Uploads"):
+            assert proc.poll() is None and time.time() < deadline, proc.stderr.read().decode()[-3000:]
+            time.sleep(0.02)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    assert checkpoint_names(trial) == [CKPT.format(5)]
+    state = resume_point(trial, lambda s: True)
+    assert state is not None and state["step"] == 5 and torch.equal(state["w"], torch.ones(10))
+    assert s3.list_multipart_uploads(Bucket="runs", Prefix=prefix).get("Uploads")  # left for the lifecycle rule
