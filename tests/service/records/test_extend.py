@@ -223,7 +223,9 @@ def test_a_pack_member_s_cut_log_is_refilled_on_resume(tmp_path):
 
 
 @pytest.mark.ray
-def test_a_search_stopped_twice_resumes_to_its_budget_with_optuna_db_and_the_folders_agreeing(tmp_path):
+def test_a_search_stopped_twice_resumes_to_its_budget_with_optuna_db_and_the_folders_agreeing(
+    tmp_path, ablate_cli, ray_session
+):
     import optuna
 
     argv = [sys.executable, "-m", "ablate.cli", "run", "tune_aninfonce", "--scale", "smoke", "--storage", str(tmp_path)]
@@ -233,8 +235,8 @@ def test_a_search_stopped_twice_resumes_to_its_budget_with_optuna_db_and_the_fol
         sigterm_after([*argv, *(["--resume"] if i else [])], run_dir, rows, tmp_path / f"run{i}.log")
         stopped = (tmp_path / f"run{i}.log").read_text()
         assert "--resume" in stopped and "Tuner.restore" not in stopped, stopped[-3000:]  # ablate's hint, not Ray's
-    code, text = run_logged([*argv, "--resume"], tmp_path / "final.log")
-    assert code == 0, text[-3000:]
+    final = ablate_cli(*argv[3:], "--resume")  # in this process, on the suite's Ray
+    assert final.returncode == 0, final.stderr[-3000:]
     study = optuna.load_study(study_name="tune_aninfonce", storage=f"sqlite:///{run_dir / 'optuna.db'}")
     closed = set(study.user_attrs.get("ablate_continued", []))
     trials = study.get_trials(deepcopy=False)

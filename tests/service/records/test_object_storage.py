@@ -212,7 +212,9 @@ def _reports(uri: str) -> dict[str, list[int]]:
 
 
 @pytest.mark.ray
-def test_a_grid_on_object_storage_killed_with_kill_9_resumes_and_reads_as_on_disk(s3_store, tmp_path, ablate_cli):
+def test_a_grid_on_object_storage_killed_with_kill_9_resumes_and_reads_as_on_disk(
+    s3_store, tmp_path, ablate_cli, ray_session, caplog
+):
     """`ablate run batch_vs_dim --scale smoke --storage s3://…` (a subprocess, its own Ray) on the S3 server,
     kill -9 of its whole process group mid-grid, then `--resume` at once: the dead driver's lease is taken over at
     once (its pid is gone from this machine), each report is in its log once, every report written before the
@@ -241,9 +243,9 @@ def test_a_grid_on_object_storage_killed_with_kill_9_resumes_and_reads_as_on_dis
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         before = _reports(uri)
-        code, text = run_logged([*smoke_cmd(storage, *flags), "--resume"], tmp_path / "resume.log", timeout=240)
-        assert code == 0, text[-4000:]
-        assert "no longer exists on this machine" in text and "continued" in text, text[-4000:]
+        resumed = ablate_cli(*smoke_cmd(storage, *flags)[3:], "--resume")  # in this process, on the suite's Ray
+        assert resumed.returncode == 0, resumed.stderr[-4000:]
+        assert "continued" in resumed.stdout and "no longer exists on this machine" in caplog.text, resumed
         code, out = local.result()
         assert code == 0, out[-3000:]
     after = _reports(uri)
@@ -270,8 +272,8 @@ def test_a_grid_on_object_storage_killed_with_kill_9_resumes_and_reads_as_on_dis
     remote_csv, local_csv = (pd.read_csv(tmp_path / f).drop(columns=_TIMING) for f in ("k-results.csv", "local.csv"))
     pd.testing.assert_frame_equal(remote_csv, local_csv, check_exact=True)
 
-    code, again = run_logged([*smoke_cmd(storage, *flags), "--resume"], tmp_path / "again.log", timeout=120)
-    assert code == 0 and "batch_vs_dim: 4 points: 4 reused, 0 continued, 0 started" in again, again[-4000:]
+    again = ablate_cli(*smoke_cmd(storage, *flags)[3:], "--resume")
+    assert again.returncode == 0 and "batch_vs_dim: 4 points: 4 reused, 0 continued, 0 started" in again.stdout, again
     assert _keys(uri) == keys
 
 
@@ -286,7 +288,9 @@ def _settings(values: dict) -> str:
 
 
 @pytest.mark.ray
-def test_a_search_on_object_storage_killed_with_kill_9_goes_on_to_its_budget(s3_store, tmp_path, ablate_cli):
+def test_a_search_on_object_storage_killed_with_kill_9_goes_on_to_its_budget(
+    s3_store, tmp_path, ablate_cli, ray_session
+):
     """`ablate run tune_aninfonce --scale smoke --storage s3://…` (its study an Optuna journal in the store), kill -9
     of its whole process group with two trials reporting, then `--resume`: the search goes on to its budget of 4
     distinct settings, its study (read from the store as a fresh driver reads it) and its trial folders agree, and
@@ -313,8 +317,8 @@ def test_a_search_on_object_storage_killed_with_kill_9_goes_on_to_its_budget(s3_
         assert proc.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=60)
-    code, text = run_logged([*cmd, "--resume"], tmp_path / "resume.log", timeout=600)
-    assert code == 0, text[-3000:]
+    resumed = ablate_cli(*argv, "--resume")  # in this process, on the suite's Ray
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
 
     study = load_study(uri, "tune_aninfonce")
     closed = set(study.user_attrs.get("ablate_continued", []))
