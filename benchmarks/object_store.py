@@ -262,6 +262,47 @@ def bench_object_store(reports: int = 100, checkpoints: int = 10, trials: int = 
                 record.write_params(cfg)
                 record.rewrite([report_row(100 * (n + 1), tid, cfg) for n in range(reports)])
 
+        # -- an Optuna search's study: a trial asked (6 settings), told `reports` intermediate values, and told its
+        # value, through the journal in the store (optuna.journal) against SQLite in a local optuna.db
+        search_trials = 10
+
+        def search(storage) -> None:
+            import optuna
+
+            optuna.logging.set_verbosity(optuna.logging.WARNING)
+            study = optuna.create_study(study_name="bench", storage=storage, direction="maximize",
+                                        load_if_exists=True)  # fmt: skip
+            for _ in range(search_trials):
+                trial = study.ask()
+                x = sum(trial.suggest_float(f"x{i}", 0.0, 1.0) for i in range(6))
+                for step in range(reports):
+                    trial.report(x * step, step)
+                study.tell(trial, x)
+
+        from ablate.service.records.study import STUDY_JOURNAL, StoreJournal, flush_study, study_storage
+
+        journal = StoreJournal(remote)
+
+        def on_s3() -> None:
+            from optuna.storages import JournalStorage
+
+            storage = JournalStorage(journal)
+            search(storage)
+            flush_study(storage)
+
+        s3: dict[str, Any] = {}
+        with meter.phase(s3):
+            on_s3()
+        study_bytes = len(remote.inner.read_bytes(STUDY_JOURNAL) or b"")
+        rows.append(
+            _row(
+                f"search trial: 6 settings, {reports} reports, told (study {study_bytes} B at the end)",
+                search_trials,
+                s3,
+                _timed(lambda: search(study_storage(local.root))),
+            )
+        )
+
         status_remote = CountingStore(ArrowStore(f"s3://runs/bench/{uuid.uuid4().hex[:8]}?{query}"))
         status_local = LocalStore(log_dir / "local-status")
         make_run(status_remote)
