@@ -20,7 +20,8 @@ def test_bench_object_store_counts_the_requests_and_bytes_of_each_operation():
     assert ops[0] == "params.json" and ops[1].startswith("report, mean of 5 (log of ")
     assert ops[2:4] == ["report 1 (log 1 rows)", "report 5 (log 5 rows)"]
     assert ops[4].startswith("checkpoint 1-2 (") and ops[5] == "checkpoint 3-3 (keep 2: prunes 1)"
-    assert ops[6:] == ["lease: acquire + 3 renews + release", "status read (2 trials, 5-row logs)"]
+    assert ops[6] == "lease: acquire + 3 renews + release" and ops[8] == "status read (2 trials, 5-row logs)"
+    assert ops[7].startswith("search trial: 6 settings, 5 reports, told (study ")
     assert all(list(r) == list(rows[0]) for r in rows)  # one table
     by = dict(zip(ops, rows))
     for r in rows:
@@ -37,5 +38,7 @@ def test_bench_object_store_counts_the_requests_and_bytes_of_each_operation():
     assert fifth["up_bytes"] > 4 * first["up_bytes"] and first["down_bytes"] == 0 < fifth["down_bytes"]
     assert by[ops[1]]["ops"] == 5 and by[ops[4]]["ops"] == 2 and by[ops[5]]["ops"] == 1
     assert by[ops[5]]["DELETE"] >= 1 and by[ops[5]]["requests"] > by[ops[4]]["per_op"]  # the pruning
+    search = by[ops[7]]  # a trial's creation, its 6 settings and its end each upload the journal: PUTs only
+    assert search["ops"] == 10 and search["PUT"] >= 8 * 10 and search["GET"] == 0
     status = by["status read (2 trials, 5-row logs)"]
     assert status["up_bytes"] == 0 and status["down_bytes"] >= 2 * fifth["up_bytes"] and status["PUT"] == 0
