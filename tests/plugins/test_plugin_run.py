@@ -31,16 +31,14 @@ def _export(run_dir: Path) -> pd.DataFrame:
 
 
 @pytest.mark.ray
-def test_a_plugin_grid_runs_packed_resumes_and_reads_like_any_other(tmp_path, ray_session):
+def test_a_plugin_grid_runs_packed_resumes_and_reads_like_any_other(tmp_path, ray_session, ablate_cli):
     run = tmp_path / "p"
     sigterm_after(_cmd(tmp_path, "--name", "p", *EXTRA), run, 12, tmp_path / "first.log")
     solo = "2 point(s) train solo, not packed: loss 'align_uniform' is a plugin's, with no packed form (2)"
     assert solo in (tmp_path / "first.log").read_text()
-    code, text = run_logged([*_cmd(tmp_path, "--name", "p", *EXTRA), "--resume"], tmp_path / "resume.log")
-    assert code == 0, text[-3000:]
-    from ablate import cli  # the uninterrupted run: in this process, on the suite's Ray
-
-    assert cli.main(_cmd(tmp_path, "--name", "clean", *EXTRA)[3:]) == 0
+    resumed = ablate_cli(*_cmd(tmp_path, "--name", "p", *EXTRA)[3:], "--resume")  # in this process, on the suite's Ray
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert ablate_cli(*_cmd(tmp_path, "--name", "clean", *EXTRA)[3:]).returncode == 0  # the uninterrupted run
 
     a, b = _export(run), _export(tmp_path / "clean")
     assert len(a) == 6 * 40 and set(a["loss_name"]) == {"align_uniform", "infonce", "aninfonce"}

@@ -81,10 +81,12 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory) -> dict[tuple, dict]:
+def uninterrupted(tmp_path_factory, ray_session) -> dict[tuple, dict]:
+    """The run never stopped: in this process, on the suite's Ray (its trials run in Ray's workers all the same)."""
+    from ablate import cli
+
     storage = tmp_path_factory.mktemp("clean")
-    code, out = run_logged(_cmd(storage, "clean"), storage / "clean.log", env=_env())
-    assert code == 0, out[-3000:]
+    assert cli.main(_cmd(storage, "clean")[3:]) == 0
     return _final_by_point(storage / "clean")
 
 
@@ -129,7 +131,7 @@ def _row_key(row: dict) -> tuple:
 
 @pytest.mark.ray
 @pytest.mark.parametrize(("seed", "every"), [(7, "0"), (11, "0.3")])
-def test_repeated_driver_kills_never_lose_progress(tmp_path, uninterrupted, seed, every):
+def test_repeated_driver_kills_never_lose_progress(tmp_path, uninterrupted, seed, every, ablate_cli):
     """Ray's experiment-restore test as the model: kill -9 the driver's process group three times at random
     moments, then --resume to the end.
 
@@ -161,9 +163,8 @@ def test_repeated_driver_kills_never_lose_progress(tmp_path, uninterrupted, seed
         progress = now
         for name, trial_rows in rows.items():  # the last report may be replayed from the checkpoint before it
             kept.setdefault(name, set()).update(_row_key(r) for r in trial_rows[:-1])
-    final_cmd = _cmd(tmp_path, "r", "--resume", results_every=every)
-    code, out = run_logged(final_cmd, tmp_path / "final.log", timeout=120, env=_env())
-    assert code == 0, out[-3000:]
+    final = ablate_cli(*_cmd(tmp_path, "r", "--resume", results_every=every)[3:])  # in this process, on the suite's Ray
+    assert final.returncode == 0, final.stderr[-3000:]
     rows = _rows(run_dir)
     assert len(rows) == 4
     for name, trial_rows in rows.items():
@@ -236,7 +237,7 @@ def test_ctrl_c_leaves_an_honest_status_exit_130_and_ablate_s_resume_command(tmp
 
 
 @pytest.mark.ray
-def test_sparse_checkpoints_resume_after_kill_9_to_the_same_numbers(tmp_path, uninterrupted):
+def test_sparse_checkpoints_resume_after_kill_9_to_the_same_numbers(tmp_path, uninterrupted, ablate_cli):
     """--checkpoint-every 3600: a trial checkpoints its first report and its last only. kill -9 of the driver
     mid-trial, then --resume: the cut trial continues from its first report's checkpoint, the reports after it are
     trained again to the same numbers, and each step is in the log once."""
@@ -257,10 +258,8 @@ def test_sparse_checkpoints_resume_after_kill_9_to_the_same_numbers(tmp_path, un
             assert steps == [5, STEPS], (trial.name, steps)
         elif logged:  # the first report's checkpoint, and none after it (the last report's write may be in flight)
             assert steps[:1] == [5] and all(s == 5 for s in steps), (trial.name, steps, logged)
-    code, out = run_logged(
-        _cmd(tmp_path, "r", "--checkpoint-every", "3600", "--resume"), tmp_path / "resume.log", env=_env()
-    )
-    assert code == 0, out[-3000:]
+    resumed = ablate_cli(*_cmd(tmp_path, "r", "--checkpoint-every", "3600", "--resume")[3:])  # on the suite's Ray
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
     for name, trial_rows in _rows(run_dir).items():
         assert [r["step"] for r in trial_rows] == list(range(5, STEPS + 1, 5)), f"{name}: duplicated or missing"
     for point, last in _final_by_point(run_dir).items():

@@ -99,19 +99,17 @@ def _delete_ray_files(run_dir: Path) -> list[str]:
 
 
 @pytest.mark.ray
-def test_an_interrupted_grid_resumes_with_every_file_ray_wrote_deleted(tmp_path, ray_session):
+def test_an_interrupted_grid_resumes_with_every_file_ray_wrote_deleted(tmp_path, ray_session, ablate_cli):
     extra = ("--set", "max_steps=400", "--max-concurrent", "1", "--no-report", "--no-dashboard")
     argv = smoke_cmd(tmp_path, "--name", "g", *extra)
     sigterm_after(argv, tmp_path / "g", 20, tmp_path / "first.log")
     gone = _delete_ray_files(tmp_path / "g")
     assert gone == [], f"Ray Tune keeps its own files outside the run directory: {gone}"
     assert not [p for p in (tmp_path / "g").rglob("*") if p.name in ("error.pkl", "error.txt", "params.pkl")]
-    code, text = run_logged([*argv, "--resume"], tmp_path / "resume.log")
-    assert code == 0, text[-3000:]
-    assert "reused" in text and "continued" in text
-    from ablate import cli  # the uninterrupted run: in this process, on the suite's Ray
-
-    assert cli.main(smoke_cmd(tmp_path, "--name", "clean", *extra)[3:]) == 0
+    resumed = ablate_cli(*argv[3:], "--resume")  # in this process, on the suite's Ray, as the run never stopped:
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "reused" in resumed.stdout and "continued" in resumed.stdout, resumed.stdout
+    assert ablate_cli(*smoke_cmd(tmp_path, "--name", "clean", *extra)[3:]).returncode == 0
     a, b = _export(tmp_path / "g"), _export(tmp_path / "clean")
     assert len(a) == 4 * 80
     assert a.drop(columns=["trial_id"]).equals(b.drop(columns=["trial_id"])) and a["trial_id"].equals(b["trial_id"])
@@ -197,7 +195,7 @@ def test_the_hint_after_a_hand_edited_params_json_says_what_resume_does(smoke, t
 
 
 @pytest.mark.ray
-def test_a_pack_member_s_cut_log_is_refilled_on_resume(tmp_path):
+def test_a_pack_member_s_cut_log_is_refilled_on_resume(tmp_path, ray_session, ablate_cli):
     """A packed run stopped mid-way, one member's result.json cut to 5 rows and half a row: --resume continues
     the pack from a checkpoint every member's log covers, and the member's export holds every step once."""
     extra = ("--set", "max_steps=600", "report_every=10", "--pack", "4", "--no-report", "--max-concurrent", "1")
@@ -212,9 +210,9 @@ def test_a_pack_member_s_cut_log_is_refilled_on_resume(tmp_path):
     lines = victim.read_text().splitlines(keepends=True)
     assert len(lines) > 6
     victim.write_text("".join(lines[:5]) + lines[5][: len(lines[5]) // 2])
-    code, text = run_logged([*argv, "--resume"], tmp_path / "resume.log")
-    assert code == 0, text[-3000:]
-    assert "0 continued" not in text, text[-3000:]  # the pack went on from its checkpoint, not from step 0
+    resumed = ablate_cli(*argv[3:], "--resume")  # in this process, on the suite's Ray
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "0 continued" not in resumed.stdout, resumed.stdout  # the pack went on from its checkpoint, not from step 0
     df = load_results(tmp_path / "p")
     for _, trial in df.groupby("trial_id"):
         assert trial["step"].tolist() == list(range(10, 601, 10)), trial["step"].tolist()
