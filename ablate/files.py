@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -45,16 +46,19 @@ class WriteError(OSError):
         return cls(exc.errno, exc.strerror or str(exc), str(path))
 
 
-#: Temporary files of :func:`atomic_write` are named ``.<name>.tmp-<pid>`` (swept at resume once <pid> is dead).
-TEMP_FILE = re.compile(r"^\..+\.tmp-(?P<pid>\d+)$")
+#: Temporary files of :func:`atomic_write` are named ``.<name>.tmp-<pid>-<thread>`` (swept at resume once <pid> is
+#: dead; ``.<name>.tmp-<pid>``, without the thread, as earlier versions named them).
+TEMP_FILE = re.compile(r"^\..+\.tmp-(?P<pid>\d+)(?:-\d+)?$")
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[Path], Any]) -> None:
     """Call ``write(tmp)`` on a temporary name beside ``path``, then rename it into place, so a reader (or a
     resume after a kill) sees the old file or the new one, never half of one. On any failure the temporary
-    file is removed; an OSError (full disk, read-only folder) becomes a :class:`WriteError` naming ``path``."""
+    file is removed; an OSError (full disk, read-only folder) becomes a :class:`WriteError` naming ``path``. The
+    temporary is the writing thread's own (``.<name>.tmp-<pid>-<thread id>``): two threads of one process may write
+    the same file at once (a lease's heartbeat and its release), the last rename winning."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_native_id()}")
     try:
         write(tmp)
         os.replace(tmp, path)
@@ -78,7 +82,7 @@ def _pid_alive(pid: int) -> bool:
 
 def sweep_stale_temps(run_dir: str | os.PathLike) -> list[str]:
     """Remove the temporaries that writers killed on this machine left in a local run directory: files
-    ``.<name>.tmp-<pid>`` (:func:`atomic_write`) anywhere in it whose process <pid> no longer exists. A live
+    ``.<name>.tmp-<pid>-<thread>`` (:data:`TEMP_FILE`, :func:`atomic_write`) anywhere in it whose process <pid> no longer exists. A live
     writer's temporary is kept. Returns the removed paths, relative to ``run_dir``."""
     root, removed = Path(str(run_dir).removeprefix("file://")), []
     for folder, _dirs, files in os.walk(root):

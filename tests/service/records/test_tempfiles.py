@@ -147,12 +147,39 @@ def test_sweep_removes_temporaries_of_dead_writers_only(tmp_path):
     live = os.getpid()
     run = tmp_path / "run"
     (run / "trial_1").mkdir(parents=True)
-    for name in (f".report.html.tmp-{dead.pid}", f"trial_1/.params.json.tmp-{dead.pid}", f".report.html.tmp-{live}"):
+    stale = [f".report.html.tmp-{dead.pid}-{dead.pid}", f"trial_1/.params.json.tmp-{dead.pid}"]  # and an old name
+    kept = [f".report.html.tmp-{live}-7", f".marker.json.tmp-{live}"]
+    for name in (*stale, *kept):
         (run / name).write_text("partial")
     (run / "trial_1" / "tmp-1").mkdir()  # not ablate's: a tmp-<pid> folder is kept
     removed = sweep_stale_temps(run)
-    assert removed == sorted([f".report.html.tmp-{dead.pid}", f"trial_1/.params.json.tmp-{dead.pid}"])
-    assert _temporaries(run) == sorted([f".report.html.tmp-{live}", "trial_1/tmp-1"])
+    assert removed == sorted(stale)
+    assert _temporaries(run) == sorted([*kept, "trial_1/tmp-1"])
+
+
+def test_threads_of_one_process_write_one_file_at_once_each_through_its_own_temporary(tmp_path):
+    """A lease's heartbeat and its release may write the same file from two threads: each whole write lands (the
+    last rename wins), none fails on the other's temporary, and none is left behind."""
+    import threading
+
+    from ablate.service.records.rundir import atomic_write
+
+    target, errors = tmp_path / "lease.json", []
+
+    def writer(text: str) -> None:
+        try:
+            for _ in range(300):
+                atomic_write(target, lambda tmp: tmp.write_text(text * 1000))
+        except Exception as exc:  # noqa: BLE001 - collected, asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(c,)) for c in "ab"]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and target.read_text() in ("a" * 1000, "b" * 1000)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["lease.json"]
 
 
 def test_resume_sweeps_what_killed_writers_left(run_dir, tmp_path):
