@@ -323,6 +323,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--run-dirs", default="", help="overhead: comma-separated finished run directories")
     p.add_argument("--slots", type=int, help="overhead: trial slots the runs had (default: CPUs)")
     p.add_argument("--trials", type=int, default=1000, help="bookkeeping: number of smoke trials")
+    p.add_argument(
+        "--record",
+        default="local",
+        help="bookkeeping: comma-separated records to run the grid with, local and/or s3 (moto's S3 server on "
+        "127.0.0.1); with s3, a row per record, each run in a fresh process, with the ratio to local and S3's requests",
+    )
     p.add_argument("--grids", default="tricl,batch_vs_dim", help="shared_ray: comma-separated grids")
     p.add_argument("--scale", default="smoke", help="shared_ray: the grids' scale")
     p.add_argument("--pid", type=int, help="ray_cpu: sample this running `ablate run` (its driver) instead")
@@ -383,9 +389,23 @@ def main(argv: list[str] | None = None) -> int:
 
         _print("the same seeded trial trained twice with 1 and twice with 2 torch threads", bench_thread_determinism())
     if "bookkeeping" in parts:  # opt-in: N smoke trials through Ray Tune
-        from benchmarks.ray_scale import bench_bookkeeping
+        from benchmarks.ray_scale import bench_bookkeeping, bench_bookkeeping_records
 
-        _print(f"bookkeeping: {args.trials} smoke trials on {os.cpu_count()} CPUs", [bench_bookkeeping(args.trials)])
+        records = tuple(args.record.split(","))
+        title = f"bookkeeping: {args.trials} smoke trials on {os.cpu_count()} CPUs"
+        if records == ("local",):
+            _print(title, [bench_bookkeeping(args.trials)])
+        else:
+            from benchmarks.object_store import versions
+
+            rows = bench_bookkeeping_records(args.trials, records)
+            by_method = {r["record"]: r.pop("requests_by_method") for r in rows}
+            _print(f"{title}, record: {', '.join(records)}", rows)
+            for record, counts in by_method.items():
+                if counts:
+                    each = ", ".join(f"{m} {n} ({n / args.trials:.3g}/trial)" for m, n in counts.items())
+                    print(f"{record} requests by method: {each}")
+            print(versions())
     if "shared_ray" in parts:  # opt-in: one Ray per grid against one Ray for several grids
         from benchmarks.ray_scale import bench_shared_ray
 
