@@ -21,7 +21,7 @@ from ablate.service.execution.cluster import init_ray
 from ablate.service.execution.options import RunOptions
 from ablate.service.execution.preflight import CheckedRun, prepare_run
 from ablate.service.execution.probes import grid_plugins, probe_acceptance, probe_plugins
-from ablate.service.execution.search import check_study, save_best, tune_config
+from ablate.service.execution.search import check_study, close_study, open_study, save_best, tune_config
 from ablate.service.records.driver_lock import one_driver
 from ablate.service.records.outcome import RunOutcome, StorageFull, collect_outcome, full_disk, storage_full_message
 from ablate.service.records.plan import Plan, check_trial_folders, plan_run
@@ -308,7 +308,7 @@ def _fit(
     # driver's, never into the run directory: nothing Ray writes is part of the record, and a full run directory
     # cannot tear a file Ray reads back. No Ray checkpoints and no synced artifacts: no worker writes there.
     run_name = opts.name or default_run_name(grid)
-    study = _study_storage(grid, run_dir, check)
+    study = open_study(grid, run_dir, check)
     ray_storage = tempfile.mkdtemp(prefix=f"ablate-tune-{run_name}-")
     tuner = tune.Tuner(
         tune.with_resources(trainable, {"cpu": opts.cpus_per_trial, "gpu": opts.gpus_per_trial or 0.0}),
@@ -348,21 +348,8 @@ def _fit(
             _log.warning("TensorBoard's event files: %s", ray_storage)
         else:
             shutil.rmtree(ray_storage, ignore_errors=True)
-    if study is not None:
-        from ablate.service.records.study import flush_study
-
-        flush_study(study)  # on object storage: the intermediate values told last (the study's ends are uploaded)
+    close_study(study)  # on object storage: the reports told last (each trial's start and end are uploaded)
     return results, interrupted()
-
-
-def _study_storage(grid: Grid, run_dir: str, check):
-    """A search's study storage, opened once for the driver (None for a grid): its writes on object storage ask
-    ``check()`` first (:mod:`ablate.service.records.study`)."""
-    if grid.search != "optuna":
-        return None
-    from ablate.service.records.study import study_storage
-
-    return study_storage(run_dir, check=check)
 
 
 def _param_space(grid: Grid, plan: Plan | None, run_dir: str, keep: int, every: float = 0.0) -> dict[str, Any]:

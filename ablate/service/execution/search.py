@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 from ablate.service.records.record import RunRecord, folder_name
@@ -13,7 +14,9 @@ from ablate.service.specs.grids import Grid, n_reports
 
 __all__ = [
     "check_study",
+    "close_study",
     "finished_samples",
+    "open_study",
     "save_best",
     "trial_dirname",
     "tune_config",
@@ -34,6 +37,24 @@ def _study(grid: Grid, run_dir: str, storage=None):
     from ablate.service.records.study import load_study
 
     return load_study(run_dir, grid.name, storage)
+
+
+def open_study(grid: Grid, run_dir: str, check: Callable[[], None] | None = None):
+    """A search's study storage, opened once for the driver (None for a grid search): on object storage its writes
+    ask ``check()`` first, which raises when the driver lost its lease (:mod:`ablate.service.records.study`)."""
+    if grid.search != "optuna":
+        return None
+    from ablate.service.records.study import study_storage
+
+    return study_storage(run_dir, check=check)
+
+
+def close_study(storage) -> None:
+    """Upload what the driver's study holds and its file does not yet (:func:`open_study`; None: nothing)."""
+    if storage is not None:
+        from ablate.service.records.study import flush_study
+
+        flush_study(storage)
 
 
 def check_study(run_dir: str) -> None:
