@@ -82,8 +82,8 @@ def _pid_alive(pid: int) -> bool:
 
 def sweep_stale_temps(run_dir: str | os.PathLike) -> list[str]:
     """Remove the temporaries that writers killed on this machine left in a local run directory: files
-    ``.<name>.tmp-<pid>-<thread>`` (:data:`TEMP_FILE`, :func:`atomic_write`) anywhere in it whose process <pid> no longer exists. A live
-    writer's temporary is kept. Returns the removed paths, relative to ``run_dir``."""
+    ``.<name>.tmp-<pid>-<thread>`` (:data:`TEMP_FILE`, :func:`atomic_write`) anywhere in it whose process <pid> no
+    longer exists. A live writer's temporary is kept. Returns the removed paths, relative to ``run_dir``."""
     root, removed = Path(str(run_dir).removeprefix("file://")), []
     for folder, _dirs, files in os.walk(root):
         base = Path(folder)

@@ -279,7 +279,8 @@ def bench_object_store(reports: int = 100, checkpoints: int = 10, trials: int = 
                     trial.report(x * step, step)
                 study.tell(trial, x)
 
-        from ablate.service.records.study import STUDY_JOURNAL, StoreJournal, flush_study, study_storage
+        from ablate.service.records.rundir import STUDY_JOURNAL
+        from ablate.service.records.study import StoreJournal, flush_study, study_storage
 
         journal = StoreJournal(remote)
 

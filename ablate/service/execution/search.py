@@ -62,8 +62,7 @@ def check_study(run_dir: str) -> None:
     its trial folders are not: a new study would know nothing of them, suggest their settings again and train on
     trials ASHA had stopped, mixing two searches in one record. Raises
     :class:`ablate.service.records.rundir.RunError`."""
-    from ablate.service.records.rundir import RunError
-    from ablate.service.records.study import has_study, study_file
+    from ablate.service.records.rundir import RunError, has_study, study_file
 
     if has_study(run_dir):
         return

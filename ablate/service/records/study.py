@@ -24,19 +24,10 @@ from typing import Any
 import optuna
 from optuna.storages.journal import BaseJournalBackend, JournalStorage
 
-from ablate.service.records.rundir import STUDY_JOURNAL, has_study, is_remote, optuna_storage_url, study_file
+from ablate.service.records.rundir import STUDY_JOURNAL, has_study, is_remote, optuna_storage_url
 from ablate.service.records.store import Store, as_store
 
-__all__ = [
-    "FLUSH_S",
-    "STUDY_JOURNAL",
-    "StoreJournal",
-    "flush_study",
-    "has_study",
-    "load_study",
-    "study_file",
-    "study_storage",
-]
+__all__ = ["FLUSH_S", "StoreJournal", "flush_study", "load_study", "study_storage"]
 
 #: The longest an intermediate value (a trial's report told to Optuna) waits before the journal is uploaded again.
 FLUSH_S = 10.0
