@@ -27,7 +27,7 @@ from ablate.service.records.rundir import (
     RunError,
 )
 from ablate.service.records.store import LocalStore, Store, open_store
-from ablate.service.records.trial_log import ERROR_KEY, failure_count, finished, intact_rows, trial_status
+from ablate.service.records.trial_log import ERROR_KEY, failure_count, finished, intact_rows, parse_rows, trial_status
 
 __all__ = ["RunReader", "read_marker"]
 
@@ -209,14 +209,9 @@ class RunReader:
         return intact_rows(self.logged_rows(trial_dir))
 
     def logged_rows(self, trial_dir: str) -> list[dict[str, Any]]:
-        """Every whole JSON row of a trial's result.json, intact or not (``ablate status`` compares the two)."""
-        rows = []
-        for line in (self.read_text(trial_dir, RESULT_FILE) or "").splitlines():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-        return rows
+        """Every whole JSON row of a trial's result.json, intact or not (``ablate status`` compares the two); a line
+        that is torn or not a JSON object is skipped (:func:`ablate.service.records.trial_log.parse_rows`)."""
+        return parse_rows(self.read_text(trial_dir, RESULT_FILE) or "")
 
 
 def read_marker(run_dir: str | os.PathLike) -> dict[str, Any]:
