@@ -28,7 +28,6 @@ from ablate.service.records.plan import Plan, check_trial_folders, plan_run
 from ablate.service.records.provenance import record_provenance
 from ablate.service.records.reader import read_marker
 from ablate.service.records.rundir import (
-    DRIVER_LEASE,
     DRIVER_LOCK,
     INTERRUPTED_FILE,
     MARKER_TIME_FORMAT,
@@ -231,7 +230,7 @@ def _open_record(grid: Grid, opts: RunOptions, run_dir: str, pack: int) -> tuple
     store = as_store(run_dir)
     entries = _entries(store)  # the storage was found writable as the driver lock was taken
     exists = RUN_MARKER in entries
-    foreign = any(name not in (DRIVER_LOCK, DRIVER_LEASE) for name in entries)
+    foreign = any(name != DRIVER_LOCK for name in entries)
     if not exists and foreign:
         raise RunError(
             f"{run_dir}: not an ablate run directory (no {RUN_MARKER}); ablate writes only into runs it made: "

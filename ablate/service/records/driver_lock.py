@@ -7,13 +7,13 @@ anything or starts Ray; a second is refused with the first one's pid, host and s
 the lock when the driver's process ends however it ends, so a dead driver never blocks a ``--resume``, and
 ``ablate status`` reads "running" only while the lock is held.
 
-Object storage (``s3://``, ``gs://``) has no lock: there the driver holds a lease instead
-(``<run_dir>/ablate_driver.lease``, :data:`~ablate.service.records.rundir.DRIVER_LEASE`,
-:mod:`ablate.service.records.lease`), renewed by a heartbeat thread every :data:`DRIVER_TTL_S` / 3 seconds and
-deleted at the end. A second driver is refused while the lease is fresh; a dead driver's lease goes stale after
-:data:`DRIVER_TTL_S` seconds (a ``--resume`` sooner than that is refused, naming the holder), and is then taken over.
-A driver whose lease was lost (taken over after it stopped renewing) stops writing: the run's result log checks
-the lease at each result (:class:`DriverCheck`), and the run fails in one line.
+A bucket (``s3://``, ``gs://``) has no lock: there the same key holds a lease instead (the store's
+:meth:`~ablate.service.records.store.Store.lock`, :mod:`ablate.service.records.lease`), taken and renewed by
+conditional puts every :data:`DRIVER_TTL_S` / 3 seconds and marked released at the end. A second driver is refused
+at once while the holder is known alive (its pid on this machine, or its lease seen renewed); a holder on another
+machine is watched for up to :data:`DRIVER_TTL_S` seconds (said in one line), and a lease unchanged that long is
+taken over. A driver whose lease was lost (taken over after it stopped renewing) stops writing: the run's result log
+checks the lease at each result (:class:`DriverCheck`), and the run fails in one line.
 """
 
 from __future__ import annotations
@@ -21,16 +21,19 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import logging
+import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from ablate.service.records.lease import Lease, LeaseLost
 from ablate.service.records.pidlock import LockHeld, PidLock
-from ablate.service.records.rundir import DRIVER_LEASE, DRIVER_LOCK, RunError, check_writable, is_remote
+from ablate.service.records.rundir import DRIVER_LOCK, RunError, check_writable
 from ablate.service.records.store import as_store
 
-__all__ = ["DRIVER_TTL_S", "DriverCheck", "busy_message", "driver_lease", "lease_lost", "one_driver"]
+__all__ = ["DRIVER_TTL_S", "DriverCheck", "busy_message", "driver_lock", "lease_lost", "one_driver"]
+
+_log = logging.getLogger("ablate.service.records.driver_lock")
 
 #: How long a driver's lease on object storage stays fresh without a heartbeat (it renews every third of it).
 DRIVER_TTL_S = 60.0
@@ -43,15 +46,30 @@ def busy_message(run_dir: str, holder: dict[str, Any]) -> str:
     return f"{run_dir} is being written by {who}; wait for it or stop it"
 
 
-def driver_lease(run_dir: str, **lease: Any) -> Lease:
-    """Take the driver's lease of the run directory at ``run_dir`` (a URI) and start its heartbeat; a second driver
-    gets a :class:`RunError` naming the holder. ``lease``: :class:`Lease`'s settings (ttl_s, settle_s, clock)."""
-    taken = Lease(as_store(run_dir), DRIVER_LEASE, **{"ttl_s": DRIVER_TTL_S, **lease})
-    try:
-        taken.acquire()
-    except LockHeld as exc:
-        raise RunError(busy_message(run_dir, exc.holder)) from None
-    return taken.start_heartbeat()
+def driver_lock(run_dir: str, *, sleep: Callable[[float], None] = time.sleep) -> PidLock | Lease:
+    """Take the driver's lock of the run directory at ``run_dir`` (its store's :meth:`~ablate.service.records.store.
+    Store.lock`: an ``flock`` on disk, a lease in a bucket, whose heartbeat it starts); a second driver gets a
+    :class:`RunError` naming the holder. A lease whose holder ran on another machine is watched until it is seen
+    renewed (refused) or unchanged for its ttl (taken over), with one line saying so."""
+    lock = as_store(run_dir).lock(DRIVER_LOCK, ttl_s=DRIVER_TTL_S)
+    said = False
+    while True:
+        try:
+            lock.acquire()
+            break
+        except LockHeld as exc:
+            if exc.alive:
+                raise RunError(busy_message(run_dir, exc.holder)) from None
+            if not said:
+                _log.warning("%s: its lease is held by %s; watching it for up to %.0f s to see whether that driver "
+                             "is alive", run_dir, _who(exc.holder), DRIVER_TTL_S)  # fmt: skip
+                said = True
+            sleep(1.0)
+    return lock.start_heartbeat()
+
+
+def _who(holder: dict[str, Any]) -> str:
+    return f"ablate pid {holder.get('pid')} on host {holder.get('host')} since {holder.get('since')}"
 
 
 class DriverCheck:
@@ -59,9 +77,10 @@ class DriverCheck:
     local run's lock is never lost: nothing to check). Pickled into another process (Ray Client runs Tune's
     callbacks on the cluster), it reads the lease object instead and compares its token: one read a call."""
 
-    def __init__(self, lease: Lease | None = None):
-        self._lease = lease
-        self._where = None if lease is None else (lease.store.uri, lease.key, lease.token)
+    def __init__(self, lock: PidLock | Lease | None = None):
+        self._lease = lock
+        token = getattr(lock, "token", None)
+        self._where = None if token is None else (lock.store.uri, lock.key, token)
 
     def __call__(self) -> None:
         if self._lease is not None:
@@ -73,7 +92,7 @@ class DriverCheck:
                 there = json.loads(store.read_text(key) or "null")
             except ValueError:
                 there = None
-            if not isinstance(there, dict) or there.get("token") != token:
+            if not isinstance(there, dict) or there.get("token") != token or there.get("released"):
                 raise LeaseLost(store.join(key), "its object is gone, damaged or another's")
 
     def __getstate__(self) -> dict[str, Any]:
@@ -93,8 +112,8 @@ def lease_lost(exc: BaseException | None) -> LeaseLost | None:
 
 def one_driver(run_dir_of: Callable[[Any, Any], str]):
     """Decorate ``run(grid, opts, *, check, **kwargs)`` (``opts`` a RunOptions: ``storage``, ``name``, ``resume``) to
-    hold the driver lock (a lease on object storage) of the run directory ``run_dir_of(grid, opts)`` for the whole
-    call; ``check`` (a :class:`DriverCheck`) is what the call runs before each write of the driver.
+    hold the driver lock (a lease in a bucket) of the run directory ``run_dir_of(grid, opts)`` for the whole call;
+    ``check`` (a :class:`DriverCheck`) is what the call runs before each write of the driver.
 
     Taken after the storage proved writable and before the call writes anything or starts Ray; a second
     driver gets a :class:`RunError` naming the holder. A run folder the call created is removed again when the
@@ -107,24 +126,25 @@ def one_driver(run_dir_of: Callable[[Any, Any], str]):
         @functools.wraps(run)
         def locked(grid, opts, **kwargs):
             run_dir = run_dir_of(grid, opts)
-            if is_remote(run_dir):
-                return _leased(run, run_dir, grid, opts, **kwargs)
-            if opts.resume and not Path(run_dir).exists():
+            store = as_store(run_dir)
+            fresh = not store.exists("")
+            if opts.resume and fresh:
                 return run(grid, opts, check=DriverCheck(), **kwargs)
             check_writable(opts.storage)
-            fresh = not Path(run_dir).exists()
-            lock = PidLock(Path(run_dir, DRIVER_LOCK))
+            lock = driver_lock(run_dir)
             try:
-                lock.acquire()
-            except LockHeld as exc:
-                raise RunError(busy_message(run_dir, exc.holder)) from None
-            try:
-                return run(grid, opts, check=DriverCheck(), **kwargs)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    if fresh and [p.name for p in Path(run_dir).iterdir()] == [DRIVER_LOCK]:
-                        Path(run_dir, DRIVER_LOCK).unlink()
-                        Path(run_dir).rmdir()
+                return run(grid, opts, check=DriverCheck(lock), **kwargs)
+            except BaseException as exc:
+                lost = lease_lost(exc)
+                if lost is not None:
+                    raise RunError(f"{lost}; this driver stopped writing {run_dir} (another may be writing it now: "
+                                   "ablate status shows who)") from None  # fmt: skip
+                if fresh:
+                    lock.release()
+                    with contextlib.suppress(OSError):
+                        if store.list(dirs=True) == [] and store.list(dirs=False) == [DRIVER_LOCK]:
+                            store.delete(DRIVER_LOCK)
+                            store.remove_root_if_empty()
                 raise
             finally:
                 lock.release()
@@ -132,23 +152,3 @@ def one_driver(run_dir_of: Callable[[Any, Any], str]):
         return locked
 
     return decorate
-
-
-def _leased(run, run_dir: str, grid, opts, **kwargs):
-    """``run`` holding the driver's lease of the run directory on object storage (whose folders are implicit: a
-    failed start leaves nothing once its lease is deleted)."""
-    if opts.resume and not as_store(run_dir).exists(""):
-        return run(grid, opts, check=DriverCheck(), **kwargs)
-    check_writable(opts.storage)
-    lease = driver_lease(run_dir)
-    try:
-        return run(grid, opts, check=DriverCheck(lease), **kwargs)
-    except Exception as exc:
-        lost = lease_lost(exc)
-        if lost is None:
-            raise
-        raise RunError(
-            f"{lost}; this driver stopped writing {run_dir} (another may be writing it now: ablate status shows who)"
-        ) from None
-    finally:
-        lease.release()

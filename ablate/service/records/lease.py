@@ -1,43 +1,35 @@
-"""One writer at a time on storage that cannot be locked (``s3://``, ``gs://``): a lease object with a heartbeat.
+"""One writer at a time on a store without locks (a bucket: ``s3://``, ``gs://``; ``memory://``): a lease object
+taken, renewed and released by conditional puts (:class:`~ablate.service.records.store.Store`'s compare-and-swap).
 
-The lease is a small JSON object at a key of a :class:`~ablate.service.records.store.Store`: its holder's ``host``,
-``pid``, a random ``token``, when it was taken (``taken``, epoch seconds; ``since``, the same as
-:class:`~ablate.service.records.pidlock.PidLock` writes it), its newest ``heartbeat`` (epoch seconds) and its
-``ttl_s``. A lease is *fresh* while ``now - heartbeat <= ttl_s``, ``now`` read from the reader's clock; a fresh lease
-of another holder refuses :meth:`Lease.acquire` with the same :class:`~ablate.service.records.pidlock.LockHeld` a
-``flock`` refusal raises (so :func:`ablate.service.records.driver_lock.busy_message` words both). A stale one (its
-holder died, or stopped renewing) is taken over, with a warning naming the old holder; so is a damaged one.
+The lease is a small JSON object: its holder's ``host``, ``pid``, process namespace (``machine``), a random
+``token``, a heartbeat counter ``beat``, its ``ttl_s`` and, for people, ``since`` and ``heartbeat`` (wall-clock
+times). Its safety rests on the store alone, never on waiting or on two hosts' clocks:
 
-**A holder that died on this machine.** A lease names its holder's process namespace (:func:`machine`: the
-kernel's boot id and the pid namespace, on Linux). A fresh lease whose holder ran in this very namespace, and whose
-pid no longer exists, is taken over at once (warned), as the kernel frees a dead holder's ``flock``: a ``--resume``
-right after a ``kill -9`` on the same machine, or Ray's retry of a trial whose worker died, do not wait for the ttl.
-Elsewhere (another node, another container) a pid cannot be checked, and the ttl decides.
+- **Taking it** is one create-only put (no lease there), or one put that matches the version read (a released,
+  damaged or stale lease). Of two starters racing, the store lets exactly one write; the other gets
+  :class:`~ablate.service.records.pidlock.LockHeld`, the refusal a ``flock`` raises.
+- **Stale** means: this waiter has seen the *same version* of the lease for ``ttl_s`` on its own monotonic clock.
+  A live holder renews every third of its ttl, so its version changes; the holder's wall-clock heartbeat is never
+  compared with the waiter's clock (a host whose clock is off neither takes a live lease nor keeps a dead one).
+- **Renewing** is one put matched on the version the holder last wrote; **releasing** is one matched put of a
+  ``released`` tombstone (a store may not offer a conditional delete), which the next starter takes at once.
+- **Fencing.** A holder whose lease was taken over fails its next renewal (the version moved) and raises
+  :class:`LeaseLost`; :meth:`Lease.check`, called before every write under the lease, renews first when the last
+  confirmation is older than half the ttl, so a holder that wakes from a pause past its ttl learns that it lost
+  before it writes, not at its next heartbeat. A store that cannot be reached is waited for (its client retries):
+  nobody can take the lease meanwhile without the store, and a renewal that then succeeds proves nobody did.
+- **A holder that died on this machine** (same boot id and pid namespace, :func:`machine`; pid gone) is taken over
+  at once, as the kernel frees a dead holder's ``flock``: a ``--resume`` right after a ``kill -9`` does not wait.
 
-**Clocks.** Freshness compares the writer's heartbeat with the reader's clock: the hosts' clocks must agree within a
-small fraction of ``ttl_s`` (NTP gives milliseconds). A reader whose clock runs ahead by more than the ttl takes over
-a live lease; make ``ttl_s`` larger where clocks are looser.
-
-**The race.** Object stores offer no conditional put here (pyarrow cannot send one), so :meth:`Lease.acquire` reads
-the object, writes its own when none is fresh, waits ``settle_s`` and reads it back: the last write wins on S3, and
-a starter that reads back someone else's token has lost. This assumes a store whose reads see every write completed
-before them (strong read-after-write consistency, also for overwrites): AWS S3 has provided it since December 2020 and
-Google Cloud Storage documents it; some S3-compatible stores do not by default (check yours). Under that assumption
-two starters cannot both win unless one of them took longer than ``settle_s`` from its first read to the end of its
-write: say A's write lands first; B won only if its own write landed after A's read-back (or A would have seen it),
-which is at least ``settle_s`` after A's write, while B's first read came before A's write (or B would have seen A's
-fresh lease and stopped). So ``settle_s`` must exceed the slowest read-then-PUT of a tiny object, process pauses
-included. What it does not guarantee: a holder that stops renewing (suspended, partitioned) past ``ttl_s`` while
-still alive may be taken over and keep writing until its next :meth:`Lease.renew` finds out (:class:`LeaseLost`);
-renew and release read then write (or delete) and are not atomic either, so a takeover racing them is found by one
-side at its next renew, not prevented. A holder must stop writing when :meth:`Lease.check` raises.
+What it does not close: a write already sent when the holder paused, landing after a successor took over (a
+write's own condition closes that; the result log's segments are the next step, issue 47). A put whose reply was
+lost and that the client retried is recognised by reading back the token.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import secrets
 import socket
@@ -47,27 +39,27 @@ from collections.abc import Callable
 from typing import Any
 
 from ablate.service.records.pidlock import LockHeld
-from ablate.service.records.store import Store
+from ablate.service.records.store.base import CREATE, Conflict, Got, Match, PutMode, Store
 
-__all__ = ["SETTLE_S", "TTL_S", "Lease", "LeaseLost", "holder", "machine"]
+__all__ = ["TTL_S", "Lease", "LeaseLost", "holder", "machine"]
 
 _log = logging.getLogger("ablate.service.records.lease")
 
-#: Default lifetime of a heartbeat: a lease not renewed for this long is stale and may be taken over.
+#: Default lifetime of a lease version: a waiter that sees one version this long calls the lease stale.
 TTL_S = 60.0
-#: Default wait between writing a lease and reading it back (longer than a slow read-then-PUT of a tiny object).
-SETTLE_S = 2.0
-#: How often a lease that reads as damaged is read before it counts as stale (see :func:`_read`).
-READ_TRIES = 3
 
 
 class LeaseLost(RuntimeError):
-    """A held lease is no longer ours (taken over, removed, or not renewed within its ttl): stop writing.
-    ``where`` names the lease object; ``holder`` is who holds it now ({pid, host, since, …}), or None."""
+    """A held lease is no longer ours (taken over, or released by another): stop writing. ``where`` names the lease
+    object; ``holder`` is who holds it now ({pid, host, since, …}), or None. Picklable (a trial's error crosses
+    from Ray's worker to its driver)."""
 
     def __init__(self, where: str, reason: str, holder: dict[str, Any] | None = None):
-        self.where, self.holder = where, holder
+        self.where, self.reason, self.holder = where, reason, holder
         super().__init__(f"lost the lease {where}: {reason}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.where, self.reason, self.holder)
 
 
 def _since(t: float) -> str:
@@ -78,43 +70,17 @@ def _who(info: dict[str, Any]) -> str:
     return f"pid {info.get('pid')} on host {info.get('host')} since {info.get('since')}"
 
 
-def _read(store: Store, key: str, tries: int = READ_TRIES) -> dict[str, Any] | None:
-    """The lease object at ``key``; None when there is none; {} when it is damaged (warned: it counts as stale).
-
-    Damage is read again first: a read that overlaps a rewrite (a renewal) on a store that cannot promise a whole
-    copy gives a cut or padded one, which is not JSON (:meth:`ArrowStore.read_bytes
-    <ablate.service.records.store.ArrowStore.read_bytes>` checks its reads' size for this; a stale-looking lease must
-    never come from one torn read)."""
-    for _ in range(tries):
-        data = store.read_bytes(key)
-        if data is None:
-            return None
-        try:
-            info = json.loads(data)
-            if not isinstance(info["token"], str):
-                raise TypeError("its token is not a string")
-            if not math.isfinite(float(info["heartbeat"])):
-                raise ValueError("its heartbeat is not a time")
-            return info
-        except (ValueError, TypeError, KeyError) as exc:
-            error = exc
-    _log.warning("the lease %s is damaged (%s: %.80r); it counts as stale", store.join(key), type(error).__name__, data)
-    return {}
-
-
-def _age(info: dict[str, Any], now: float) -> float:
-    return now - float(info["heartbeat"])
-
-
-def _fresh(info: dict[str, Any] | None, now: float, ttl_s: float) -> bool:
-    """Whether ``info`` is a lease heartbeating within its own ttl (``ttl_s`` when it names none) at ``now``."""
-    if not info:
-        return False
+def _parse(got: Got | None) -> dict[str, Any] | None:
+    """The lease in ``got``: None when there is none, {} when it is damaged (it counts as free, warned)."""
+    if got is None:
+        return None
     try:
-        ttl_s = float(info.get("ttl_s", ttl_s))
-    except (TypeError, ValueError):
-        pass
-    return _age(info, now) <= ttl_s
+        info = json.loads(got.data)
+        if not isinstance(info, dict) or not isinstance(info.get("token"), str):
+            raise ValueError("not a lease")
+        return info
+    except (ValueError, UnicodeDecodeError):
+        return {}
 
 
 def machine() -> str | None:
@@ -129,18 +95,21 @@ def machine() -> str | None:
         return None
 
 
-def _gone_here(info: dict[str, Any]) -> bool:
-    """Whether ``info``'s holder ran in this process's pid namespace (:func:`machine`) and its pid is gone."""
+def _here(info: dict[str, Any]) -> bool | None:
+    """Whether ``info``'s holder, which ran in this process's pid namespace, is alive: True or False; None when it
+    ran elsewhere (its pid cannot be checked from here)."""
     here, pid = machine(), info.get("pid")
-    if here is None or info.get("machine") != here or not isinstance(pid, int) or pid <= 0 or pid == os.getpid():
-        return False
+    if here is None or info.get("machine") != here or not isinstance(pid, int) or pid <= 0:
+        return None
+    if pid == os.getpid():
+        return True
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
-        return True
-    except OSError:  # another user's live process
         return False
-    return False
+    except OSError:  # another user's live process
+        return True
+    return True
 
 
 def _holder(info: dict[str, Any]) -> dict[str, Any]:
@@ -149,18 +118,28 @@ def _holder(info: dict[str, Any]) -> dict[str, Any]:
 
 
 def holder(store: Store, key: str, *, clock: Callable[[], float] = time.time, ttl_s: float = TTL_S) -> dict | None:
-    """Who holds a fresh lease at ``key`` ({pid, host, since, taken, heartbeat, ttl_s}), or None when the lease is
-    missing, stale or damaged. ``ttl_s`` judges a lease that names no ttl of its own."""
-    info = _read(store, key)
-    return _holder(info) if info and _fresh(info, clock(), ttl_s) else None
+    """Who holds the lease at ``key`` as one read tells ({pid, host, since, heartbeat, ttl_s, …}), for ``ablate
+    status``; None when there is none, it is released or damaged, or its holder is known dead. A holder on this
+    machine is checked by its pid; one elsewhere is shown while its last heartbeat is within its ttl by this
+    machine's clock. Only what is shown rests on that clock: taking a lease never does (:class:`Lease`)."""
+    info = _parse(store.get(key))
+    if not info or info.get("released"):
+        return None
+    alive = _here(info)
+    if alive is None:
+        try:
+            alive = clock() - float(info["heartbeat"]) <= float(info.get("ttl_s", ttl_s))
+        except (KeyError, TypeError, ValueError):
+            alive = False
+    return _holder(info) if alive else None
 
 
 class Lease:
     """The lease at ``key`` of ``store``, held from :meth:`acquire` to :meth:`release` (or as a context manager).
 
-    ``ttl_s``: how long a heartbeat keeps the lease fresh; ``settle_s``: the wait before the read-back (see the
-    module's note on the race); ``clock`` (epoch seconds) and ``sleep`` are injectable for tests. Keep the lease
-    fresh with :meth:`renew` or :meth:`start_heartbeat`, and call :meth:`check` before writing.
+    ``ttl_s``: how long a waiter watches one version before it calls the lease stale; ``clock`` (epoch seconds,
+    written for people), ``monotonic`` and ``sleep`` are injectable for tests. Keep the lease with :meth:`renew` or
+    :meth:`start_heartbeat`, and call :meth:`check` before each write under it.
     """
 
     def __init__(
@@ -169,24 +148,26 @@ class Lease:
         key: str,
         *,
         ttl_s: float = TTL_S,
-        settle_s: float = SETTLE_S,
         clock: Callable[[], float] = time.time,
-        sleep: Callable[[float], None] = time.sleep,
+        monotonic: Callable[[], float] = time.monotonic,
     ):
-        if not ttl_s > 0 or not settle_s >= 0:
-            raise ValueError(f"a lease needs ttl_s > 0 and settle_s >= 0, not {ttl_s} and {settle_s}")
-        self.store, self.key, self.ttl_s, self.settle_s = store, key, float(ttl_s), float(settle_s)
-        self.clock, self.sleep = clock, sleep
+        if not ttl_s > 0:
+            raise ValueError(f"a lease needs ttl_s > 0, not {ttl_s}")
+        self.store, self.key, self.ttl_s = store, key, float(ttl_s)
+        self.clock, self.monotonic = clock, monotonic
         self.token: str | None = None
+        self.version: str | None = None
         self._info: dict[str, Any] = {}
+        self._confirmed = -float("inf")
+        self._seen: tuple[str, float] | None = None  # (version, when first seen): a waiter's watch
         self._lost: LeaseLost | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._mutex = threading.Lock()
+        self._mutex = threading.RLock()
 
     @property
     def where(self) -> str:
-        """The lease object's location, as messages name it (a path or a URI)."""
+        """The lease object's location, as messages name it."""
         return self.store.join(self.key)
 
     @property
@@ -195,63 +176,105 @@ class Lease:
         return self.token is not None and self._lost is None
 
     def acquire(self) -> Lease:
-        """Take the lease: :class:`LockHeld` naming the holder when another's is fresh, or when another starter's
-        write won the race; a stale or damaged lease is taken over (warned). Waits ``settle_s``."""
+        """Take the lease if it is free, released, damaged, stale (its version unchanged for its ttl since this
+        Lease first saw it) or its holder died on this machine; else :class:`LockHeld` naming the holder, with
+        ``alive`` True when the holder is known alive (its pid here, or a version change seen while watching)."""
         if self.token is not None:
             raise RuntimeError(f"the lease {self.where} is already held by this Lease")
-        now = self.clock()
-        old = _read(self.store, self.key)
-        if _fresh(old, now, self.ttl_s) and not _gone_here(old):
-            raise LockHeld(self.where, _holder(old))
-        if old and _fresh(old, now, self.ttl_s):
+        got = self.store.get(self.key)
+        info = _parse(got)
+        if got is None or info is None:
+            return self._take(CREATE)
+        mode = Match(got.version)
+        if not info:
+            _log.warning("the lease %s is damaged (%.80r); taking it", self.where, got.data)
+            return self._take(mode)
+        if info.get("released"):
+            return self._take(mode)
+        alive = _here(info)
+        if alive is False:
             _log.warning("taking over the lease %s of %s: that process no longer exists on this machine",
-                         self.where, _who(old))  # fmt: skip
-        elif old:
-            _log.warning("taking over the stale lease %s of %s (last heartbeat %.1f s ago, ttl %s s)",
-                         self.where, _who(old), _age(old, now), old.get("ttl_s"))  # fmt: skip
+                         self.where, _who(info))  # fmt: skip
+            return self._take(mode)
+        changed = self._seen is not None and self._seen[0] != got.version
+        if self._seen is None or changed:
+            self._seen = (got.version, self.monotonic())
+        watched = self.monotonic() - self._seen[1]
+        ttl = _ttl(info, self.ttl_s)
+        if alive is None and watched >= ttl:
+            _log.warning("taking over the stale lease %s of %s (unchanged for %.1f s, ttl %s s)",
+                         self.where, _who(info), watched, ttl)  # fmt: skip
+            return self._take(mode)
+        held = LockHeld(self.where, _holder(info))  # type: ignore[arg-type]
+        held.alive = bool(alive) or changed
+        raise held
+
+    def _body(self, **extra: Any) -> bytes:
+        return json.dumps({**self._info, **extra}).encode()
+
+    def _take(self, mode: PutMode) -> Lease:
+        now = self.clock()
         token = secrets.token_hex(16)
-        info = {"host": socket.gethostname(), "pid": os.getpid(), "machine": machine(), "token": token,
-                "since": _since(now), "taken": now, "heartbeat": now, "ttl_s": self.ttl_s}  # fmt: skip
-        self.store.write_text(self.key, json.dumps(info))
-        self.sleep(self.settle_s)
-        back = _read(self.store, self.key)
-        if not back or back.get("token") != token:
-            raise LockHeld(self.where, _holder(back or {}))
-        self.token, self._info, self._lost = token, info, None
+        self._info = {"host": socket.gethostname(), "pid": os.getpid(), "machine": machine(), "token": token,
+                      "beat": 0, "since": _since(now), "heartbeat": now, "ttl_s": self.ttl_s}  # fmt: skip
+        try:
+            version = self.store.put(self.key, self._body(), mode)
+        except Conflict:
+            version = self._ours_after_all(token, 0)
+            if version is None:
+                there = _parse(self.store.get(self.key)) or {}
+                held = LockHeld(self.where, _holder(there))  # type: ignore[arg-type]
+                held.alive = True  # it was written just now
+                raise held from None
+        self.token, self.version, self._lost, self._seen = token, version, None, None
+        self._confirmed = self.monotonic()
         return self
 
-    def renew(self) -> None:
-        """Write a new heartbeat if the lease there is still ours; :class:`LeaseLost` (also kept for :meth:`check`)
-        when another holds it, it is gone, or our previous heartbeat is older than the ttl (anyone may be taking
-        it over meanwhile)."""
-        with self._mutex:
-            self.check()
-            if self.token is None:
-                raise RuntimeError(f"the lease {self.where} is not held")
-            now = self.clock()
-            there = _read(self.store, self.key)
-            if not there or there.get("token") != self.token:
-                reason = f"now held by {_who(there)}" if there else "its object is gone or damaged"
-                self._lose(reason, _holder(there) if there else None)
-            if _age(self._info, now) > self.ttl_s:
-                self._lose(f"not renewed for {_age(self._info, now):.1f} s, over its ttl of {self.ttl_s} s")
-            info = {**self._info, "heartbeat": now}
-            self.store.write_text(self.key, json.dumps(info))
-            self._info = info
+    def _ours_after_all(self, token: str, beat: int) -> str | None:
+        """The version of the lease there when it is the one we meant to write (a put the client retried after its
+        first try landed: the retry's condition fails on our own write); else None."""
+        got = self.store.get(self.key)
+        info = _parse(got) or {}
+        ours = got is not None and info.get("token") == token and info.get("beat") == beat
+        return got.version if ours else None
 
-    def _lose(self, reason: str, by: dict[str, Any] | None = None) -> None:
-        self._lost = LeaseLost(self.where, reason, by)
-        raise self._lost
+    def renew(self) -> None:
+        """One put of a new heartbeat matched on the version we last wrote; :class:`LeaseLost` (also kept for
+        :meth:`check`) when the lease there is another's or released. A store error propagates (and is retried
+        by the heartbeat): the lease is not lost until another has taken it."""
+        with self._mutex:
+            if self._lost is not None:
+                raise self._lost
+            if self.token is None or self.version is None:
+                raise RuntimeError(f"the lease {self.where} is not held")
+            beat = int(self._info.get("beat", 0)) + 1
+            self._info = {**self._info, "beat": beat, "heartbeat": self.clock()}
+            try:
+                self.version = self.store.put(self.key, self._body(), Match(self.version))
+            except Conflict:
+                version = self._ours_after_all(self.token, beat)
+                if version is None:
+                    there = _parse(self.store.get(self.key))
+                    reason = (
+                        f"now held by {_who(there)}" if there and not there.get("released") else "released by another"
+                    )
+                    self._lost = LeaseLost(self.where, reason, _holder(there) if there else None)
+                    raise self._lost from None
+                self.version = version
+            self._confirmed = self.monotonic()
 
     def check(self) -> None:
-        """Raise the :class:`LeaseLost` that :meth:`renew` (or the heartbeat thread) found, if any."""
+        """Before a write under the lease: raise the :class:`LeaseLost` found, if any; when the last confirmation is
+        older than half the ttl (a pause, a store that did not answer), renew first, so a lease taken over meanwhile
+        is found before the write."""
         if self._lost is not None:
             raise self._lost
+        if self.token is not None and self.monotonic() - self._confirmed > self.ttl_s / 2:
+            self.renew()
 
     def start_heartbeat(self, every_s: float | None = None) -> Lease:
-        """Renew every ``every_s`` seconds (default a third of the ttl) in a daemon thread until :meth:`release`.
-        A lost lease stops it and is raised by :meth:`check`; a failed read or write is warned and retried, and
-        counts as lost once the last heartbeat is older than the ttl."""
+        """Renew every ``every_s`` seconds (default a third of the ttl) in a daemon thread until :meth:`release`. A
+        lost lease stops it (and is raised by :meth:`check`); a store error is warned and tried again."""
         every = self.ttl_s / 3 if every_s is None else float(every_s)
         if not 0 < every < self.ttl_s:
             raise ValueError(f"a heartbeat every {every} s cannot keep a lease of ttl {self.ttl_s} s fresh")
@@ -270,38 +293,45 @@ class Lease:
             except LeaseLost:
                 _log.error("%s", self._lost)
                 return
-            except Exception as exc:  # a store failure: try again, until the lease has lapsed
-                now = self.clock()
-                if _age(self._info, now) > self.ttl_s:
-                    with self._mutex:
-                        self._lost = LeaseLost(self.where, f"could not renew it for {_age(self._info, now):.1f} s "
-                                                           f"(ttl {self.ttl_s} s): {exc}")  # fmt: skip
-                    _log.error("%s", self._lost)
-                    return
-                _log.warning("could not renew the lease %s (%s); trying again in %s s", self.where, exc, every)
+            except Exception as exc:  # the store did not answer: nobody can take the lease without it either
+                since = self.monotonic() - self._confirmed
+                _log.warning("could not renew the lease %s for %.0f s (%s); trying again in %.0f s",
+                             self.where, since, exc, every)  # fmt: skip
 
     def release(self) -> None:
-        """Stop the heartbeat and delete the lease object if it is still ours (another's is left alone)."""
+        """Stop the heartbeat and mark the lease released (one put matched on our version); another's is left."""
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join()
         self._thread = None
         with self._mutex:
             token, self.token = self.token, None
-            if token is None:
+            if token is None or self._lost is not None or self.version is None:
                 return
-            there = _read(self.store, self.key)
-            if there and there.get("token") == token:
-                self.store.delete(self.key)
-            elif self._lost is None:
-                _log.warning("the lease %s is no longer ours at release (%s): left as it is", self.where,
-                             _who(there) if there else "gone or damaged")  # fmt: skip
+            body = json.dumps({"released": True, "token": token, "host": self._info.get("host"),
+                               "pid": self._info.get("pid"), "at": _since(self.clock())}).encode()  # fmt: skip
+            try:
+                self.store.put(self.key, body, Match(self.version))
+            except Conflict:
+                _log.warning("the lease %s is no longer ours at release: left as it is", self.where)
+            except OSError as exc:
+                _log.warning(
+                    "could not release the lease %s (%s): the next holder takes it once stale", self.where, exc
+                )
 
     def __enter__(self) -> Lease:
         return self.acquire()
 
     def __exit__(self, exc_type: object, *exc: object) -> None:
         """Release; then, when the body raised nothing, raise a :class:`LeaseLost` found meanwhile."""
+        lost = self._lost
         self.release()
-        if exc_type is None:
-            self.check()
+        if exc_type is None and lost is not None:
+            raise lost
+
+
+def _ttl(info: dict[str, Any], default: float) -> float:
+    try:
+        return float(info.get("ttl_s", default))
+    except (TypeError, ValueError):
+        return default

@@ -31,7 +31,10 @@ RETRY_S = 1.0
 
 
 class LockHeld(RuntimeError):
-    """Another live process holds the lock; ``holder`` is what it wrote ({pid, host, since}; values may be None)."""
+    """Another live process holds the lock; ``holder`` is what it wrote ({pid, host, since}; values may be None).
+    ``alive``: whether the holder is known to be alive (an ``flock``'s always is; a lease's may only be watched)."""
+
+    alive: bool = True
 
     def __init__(self, path: Path, holder: dict[str, Any]):
         self.path, self.holder = path, holder
@@ -120,6 +123,10 @@ class PidLock:
             with contextlib.suppress(OSError):
                 os.close(self.fd)  # closing the only descriptor releases the flock
             self.fd = None
+
+    def start_heartbeat(self) -> PidLock:
+        """Nothing to renew: an ``flock`` is held until released (as a lease's heartbeat keeps it)."""
+        return self
 
     def check(self) -> None:
         """Nothing to check: an ``flock`` is held until released (as :meth:`Lease.check

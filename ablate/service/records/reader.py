@@ -9,10 +9,8 @@ import os
 from typing import Any
 
 from ablate.marker import marker_problem
-from ablate.service.records.lease import holder
-from ablate.service.records.pidlock import lock_holder
+from ablate.service.records.lease import TTL_S
 from ablate.service.records.rundir import (
-    DRIVER_LEASE,
     DRIVER_LOCK,
     ERROR_FILE,
     INTERRUPTED_FILE,
@@ -26,7 +24,7 @@ from ablate.service.records.rundir import (
     TRIAL_PREFIX,
     RunError,
 )
-from ablate.service.records.store import LocalStore, Store, open_store
+from ablate.service.records.store import Store, open_store
 from ablate.service.records.trial_log import ERROR_KEY, failure_count, finished, intact_rows, parse_rows, trial_status
 
 __all__ = ["RunReader", "read_marker"]
@@ -146,11 +144,10 @@ class RunReader:
 
     def driver(self) -> dict[str, Any] | None:
         """The live `ablate run` writing the run ({pid, host, since, …}), or None: the holder of :data:`DRIVER_LOCK`
-        on a local run; on object storage the holder of a fresh :data:`DRIVER_LEASE` (its heartbeat within its ttl
-        by this machine's clock, :mod:`ablate.service.records.lease`)."""
-        if isinstance(self.store, LocalStore):
-            return lock_holder(self.store.join(DRIVER_LOCK))
-        return holder(self.store, DRIVER_LEASE)
+        as the store tells it (:meth:`~ablate.service.records.store.Store.lock_holder`: an ``flock``'s holder on disk;
+        in a bucket a lease not released whose holder is alive on this machine, or heartbeating within its ttl by
+        this machine's clock elsewhere)."""
+        return self.store.lock_holder(DRIVER_LOCK, ttl_s=TTL_S)
 
     def driver_live(self) -> bool:
         """Whether an `ablate run` is writing the run now: it holds the driver's lock (a fresh lease on object

@@ -27,7 +27,7 @@ from typing import Any
 
 from ablate.files import atomic_write
 from ablate.service.records import trial as checkpoints
-from ablate.service.records.lease import SETTLE_S, Lease
+from ablate.service.records.lease import Lease
 from ablate.service.records.pidlock import LockHeld, PidLock
 from ablate.service.records.rundir import (
     BEST_CONFIG_FILE,
@@ -55,7 +55,6 @@ from ablate.service.records.trial_log import (
 )
 
 __all__ = [
-    "TRIAL_LEASE",
     "TRIAL_LOCK",
     "RunRecord",
     "TrialRecord",
@@ -64,11 +63,10 @@ __all__ = [
     "trial_records",
 ]
 
-#: The lock a trial holds on its folder while it trains (:mod:`ablate.service.records.pidlock`).
+#: The lock a trial holds on its folder while it trains (the store's: an ``flock`` on disk,
+#: :mod:`ablate.service.records.pidlock`; a lease in a bucket, :mod:`ablate.service.records.lease`).
 TRIAL_LOCK = ".trial.lock"
-#: Its lease on object storage, which has no lock (:mod:`ablate.service.records.lease`).
-TRIAL_LEASE = ".trial.lease"
-#: How long a trial's lease stays fresh without a heartbeat (renewed every third of it).
+#: How long a trial's lease keeps one version before a waiter takes it over (renewed every third of it).
 TRIAL_TTL_S = 60.0
 
 
@@ -228,29 +226,22 @@ class TrialRecord:
         *,
         say_every_s: float = 300.0,
         ttl_s: float = TRIAL_TTL_S,
-        settle_s: float = SETTLE_S,
     ) -> PidLock | Lease:
         """Take the trial's lock (creating the folder), waiting while another process holds it; ``on_wait(held,
         seconds waited)`` at once and every ``say_every_s`` while it waits. What it returns is let go with
         ``release()``; ``check()`` before a write raises when it was lost (only a lease can be).
 
-        There is no time limit, by design: the lock is an ``flock``, released by the kernel when its holder dies
-        (:mod:`ablate.service.records.pidlock`), so a held lock is a live process training this very setting (a
-        search that suggests a setting its run is training now), and waiting for it is the right thing to do.
-
-        On object storage, which has no ``flock``, it is a lease (:data:`TRIAL_LEASE`,
-        :mod:`ablate.service.records.lease`; ``ttl_s`` and ``settle_s`` its settings) renewed by a heartbeat thread:
-        a fresh one is waited for as a held lock is, and a dead holder's is taken over once stale (``ttl_s``)."""
-        if self.local is None:
-            lease = Lease(self.store, self._key(TRIAL_LEASE), ttl_s=ttl_s, settle_s=settle_s)
-            take: Callable[[], PidLock | Lease] = lambda: lease.acquire().start_heartbeat()  # noqa: E731
-        else:
-            self.make()
-            take = PidLock(self.local / TRIAL_LOCK).acquire
+        There is no time limit, by design: a held lock is a live process training this very setting (a search that
+        suggests a setting its run is training now), and waiting for it is the right thing to do. On disk it is an
+        ``flock``, released by the kernel when its holder dies (:mod:`ablate.service.records.pidlock`); in a bucket a
+        lease (:mod:`ablate.service.records.lease`, ``ttl_s``) renewed by a heartbeat thread, taken over once this
+        process has seen it unchanged for its ttl, or at once when its holder died on this machine."""
+        self.make()
+        lock = self.store.lock(self._key(TRIAL_LOCK), ttl_s=ttl_s)
         started, said = time.monotonic(), -math.inf
         while True:
             try:
-                return take()
+                return lock.acquire().start_heartbeat()
             except LockHeld as held:
                 now = time.monotonic()
                 if on_wait is not None and now - said >= say_every_s:

@@ -23,8 +23,8 @@ Layout of a run directory::
     ablate_provenance.jsonl    what produced the run: one line per start and resume (PROVENANCE_FILE)
     ablate_environment.txt     the installed distributions at the newest start or resume (ENVIRONMENT_FILE)
     ablate_interrupted.json    present while a run stopped by Ctrl-C waits for --resume (INTERRUPTED_FILE)
-    ablate_driver.lock         locked by the live `ablate run` writing the run: pid, host, start (DRIVER_LOCK)
-    ablate_driver.lease        on object storage, in its place: the live driver's lease (DRIVER_LEASE)
+    ablate_driver.lock         locked by the live `ablate run` writing the run: pid, host, start (DRIVER_LOCK; in a
+                               bucket a lease object, taken and renewed by conditional puts)
     trial_<id>/.trial.lock     locked by the trial training in the folder (.trial.lease on object storage)
     trial_pack-<key>/pack.json a pack's folder (checkpoints of its members' stacked state): its members' ids
 
@@ -49,11 +49,10 @@ from ablate.files import (  # re-exported: the run directory's writes
     write_text,
 )
 from ablate.messages import quote
-from ablate.service.records.store import as_store, open_store
+from ablate.service.records.store import as_store, check_conditional, open_store
 
 __all__ = [
     "BEST_CONFIG_FILE",
-    "DRIVER_LEASE",
     "DRIVER_LOCK",
     "INTERRUPTED",
     "INTERRUPTED_FILE",
@@ -124,8 +123,6 @@ STOPPED_FILE = "stopped.json"
 INTERRUPTED_FILE = "ablate_interrupted.json"
 #: The driver's lock (ablate.service.records.pidlock): `ablate run` holds it for its whole life; no lock held = no live driver.
 DRIVER_LOCK = "ablate_driver.lock"
-#: The driver's lease on object storage, which has no lock (ablate.service.records.lease): fresh while a driver lives.
-DRIVER_LEASE = "ablate_driver.lease"
 #: The status ablate shows for a trial that a Ctrl-C stopped before it finished (Ray's snapshot says RUNNING).
 INTERRUPTED = "INTERRUPTED"
 
@@ -222,15 +219,20 @@ def check_writable(storage: str) -> None:
 
 
 def _check_remote(storage: str) -> None:
-    probe = f".ablate-write-test-{os.getpid()}"
+    """A bucket must take a probe object and honour conditional writes (:func:`~ablate.service.records.store.
+    check_conditional`): the record's lease and fencing rest on them."""
+    shown = repr(storage) if any(c in storage for c in "\r\n\t") else storage
     try:
         store = open_store(storage)
-        store.write_text(probe, "ok")
-        store.delete(probe)
-    except (OSError, ValueError) as exc:  # pyarrow: OSError from the store, ArrowInvalid (a ValueError) for the URI
+        check_conditional(store)
+    except (OSError, ValueError) as exc:  # OSError from the store, ValueError for the URI
         reason = exc.strerror if isinstance(exc, WriteError) else str(exc)
         reason = re.sub(r"\s*\(Request ID: [^)]*\)", "", " ".join(str(reason).split()))  # one line, no request id
-        raise RunError(f"storage {storage}: not writable ({reason}); choose another --storage") from None
+        raise RunError(f"storage {shown}: not writable ({reason}); choose another --storage") from None
+    except RuntimeError as exc:
+        raise RunError(f"storage {shown}: cannot keep a run's record safely: {exc}; ablate needs a store with "
+                       "conditional writes (S3, GCS, or an S3-compatible store that honours If-None-Match and "
+                       "If-Match)") from None  # fmt: skip
 
 
 def write_marker(run_dir: str, info: dict[str, Any]) -> None:

@@ -1,0 +1,221 @@
+"""The :class:`Store` interface: a run directory's files under one root, read with their version and written
+under a condition, so that safety rests on the store's compare-and-swap, never on waiting or on hosts' clocks.
+
+A key is a ``/``-separated path under the root (``trial_x/params.json``; ``""``: the root, where a folder is meant).
+:meth:`Store.get` returns the bytes and their version in one read; :meth:`Store.put` writes a whole file in one of
+three modes: :data:`OVERWRITE` (always), :data:`CREATE` (only when no file is there) or :class:`Match` (only when the
+file is still the version named). A put whose condition fails raises :class:`Conflict` and changes nothing; every
+put is atomic: a reader sees the old content or the new, never part of one. A version is opaque: equal versions
+mean equal content (on disk a hash of the content, on S3 its ETag, on GCS its generation). A failed read, write or
+delete raises an OSError (:class:`ablate.files.WriteError` for a write) naming the file.
+"""
+
+from __future__ import annotations
+
+import builtins
+import os
+import secrets
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    from ablate.service.records.lease import Lease
+    from ablate.service.records.pidlock import PidLock
+
+__all__ = ["CREATE", "OVERWRITE", "Conflict", "FolderStore", "Got", "Match", "PutMode", "Store", "check_conditional"]
+
+#: :meth:`Store.put` mode: replace whatever is there.
+OVERWRITE = "overwrite"
+#: :meth:`Store.put` mode: write only when no file is at the key (S3's ``If-None-Match: *``, GCS's generation 0).
+CREATE = "create"
+
+
+@dataclass(frozen=True)
+class Match:
+    """:meth:`Store.put` mode: write only when the file there is still ``version`` (S3's ``If-Match`` on its ETag,
+    GCS's ``ifGenerationMatch``)."""
+
+    version: str
+
+
+PutMode = str | Match
+
+
+class Got(NamedTuple):
+    """A file's content and its version, as one read saw them."""
+
+    data: bytes
+    version: str
+
+
+class Conflict(Exception):
+    """A conditional put found its condition false (a file already there for :data:`CREATE`, another version or none
+    for :class:`Match`) and wrote nothing. ``where`` names the file."""
+
+    def __init__(self, where: str, mode: str):
+        self.where, self.mode = where, mode
+        super().__init__(where, mode)
+
+    def __str__(self) -> str:
+        return f"{self.where}: not written ({self.mode})"
+
+
+def _mode_text(mode: PutMode) -> str:
+    return "a file is already there" if mode == CREATE else "it is no longer the version read"
+
+
+def key_of(key: str, *, root_ok: bool = False) -> str:
+    """``key`` normalised (no empty parts); ValueError for ``.``/``..`` parts, or for the root unless ``root_ok``."""
+    parts = [p for p in str(key).split("/") if p]
+    if any(p in (".", "..") for p in parts) or not (parts or root_ok):
+        raise ValueError(f"not a key under the store's root: {key!r}")
+    return "/".join(parts)
+
+
+class Store(ABC):
+    """A run directory's files under one root. Keys are ``/``-separated paths relative to it."""
+
+    #: The root as the user named it (a path, ``file://…``, ``s3://bucket/prefix?query``, ``memory://name``).
+    uri: str
+
+    @abstractmethod
+    def join(self, *parts: str) -> str:
+        """The location of the key ``parts`` make, as messages name it: a local path, or the object's URI (with
+        the root URI's query kept at its end). No parts: the root's."""
+
+    @abstractmethod
+    def get(self, key: str) -> Got | None:
+        """The file's content and version in one read, or None when there is no file at ``key``."""
+
+    @abstractmethod
+    def put(self, key: str, data: bytes, mode: PutMode = OVERWRITE) -> str:
+        """Write ``data`` at ``key`` whole (creating folders where they are real) under ``mode`` (:data:`OVERWRITE`,
+        :data:`CREATE` or :class:`Match`) and return its new version; :class:`Conflict` when the condition fails,
+        :class:`~ablate.files.WriteError` naming the file when it cannot be written."""
+
+    @abstractmethod
+    def delete(self, key: str) -> None:
+        """Remove the file at ``key``; a missing one is fine (its folder stays)."""
+
+    @abstractmethod
+    def delete_tree(self, prefix: str) -> None:
+        """Remove the folder ``prefix`` and everything under it; a missing one is fine. Never the root."""
+
+    @abstractmethod
+    def list(self, prefix: str = "", *, dirs: bool) -> builtins.list[str]:
+        """Sorted names of the direct children of folder ``prefix`` (``""``: the root) that are files, or folders
+        when ``dirs``; [] when there is no such folder. Temporaries of a write in progress are not listed."""
+
+    @abstractmethod
+    def exists(self, key: str) -> bool:
+        """Whether a file or a folder is at ``key``."""
+
+    def remove_root_if_empty(self) -> None:
+        """Remove the root folder when nothing is in it (where folders are real; elsewhere nothing to do)."""
+        return None
+
+    def lock(self, key: str, *, ttl_s: float) -> PidLock | Lease:
+        """The one-writer lock at ``key``: a :class:`~ablate.service.records.lease.Lease` (taken and renewed by
+        conditional puts; ``ttl_s`` its lifetime without a renewal). A store with real locks (a local disk) gives an
+        ``flock`` instead. Both have ``acquire``, ``release`` and ``check``."""
+        from ablate.service.records.lease import Lease
+
+        return Lease(self, key, ttl_s=ttl_s)
+
+    def lock_holder(self, key: str, *, ttl_s: float) -> dict | None:
+        """Who holds the lock at ``key`` ({pid, host, since, …}), or None when nobody does, as far as one read
+        tells (:func:`ablate.service.records.lease.holder`)."""
+        from ablate.service.records.lease import holder
+
+        return holder(self, key, ttl_s=ttl_s)
+
+    def read_bytes(self, key: str) -> bytes | None:
+        """The file's content, or None when there is no file at ``key``."""
+        got = self.get(key)
+        return None if got is None else got.data
+
+    def read_text(self, key: str) -> str | None:
+        """The file's UTF-8 text, or None when there is no file at ``key``."""
+        data = self.read_bytes(key)
+        return None if data is None else data.decode("utf-8")
+
+    def write_bytes(self, key: str, data: bytes) -> None:
+        """Replace the file at ``key`` by ``data`` (:meth:`put` with :data:`OVERWRITE`)."""
+        self.put(key, data)
+
+    def write_text(self, key: str, text: str) -> None:
+        """:meth:`write_bytes` of ``text`` in UTF-8."""
+        self.write_bytes(key, text.encode("utf-8"))
+
+    def conflict(self, key: str, mode: PutMode) -> Conflict:
+        """The :class:`Conflict` of a put of ``key`` under ``mode`` whose condition failed."""
+        return Conflict(self.join(key), _mode_text(mode))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.uri!r})"
+
+
+def check_conditional(store: Store) -> None:
+    """Prove that ``store`` honours conditional writes, with a probe object created, created again, matched on a
+    wrong version and removed: a second create that succeeds (a store that ignores ``If-None-Match``) or a match
+    that writes over another version raises RuntimeError naming what the store lacks. A lease and every write under
+    it rest on these (module :mod:`ablate.service.records.lease`)."""
+    probe = f".ablate-cas-test-{os.getpid()}-{secrets.token_hex(4)}"
+    try:
+        first = store.put(probe, b"1", CREATE)
+        try:
+            store.put(probe, b"2", CREATE)
+        except Conflict:
+            pass
+        else:
+            raise RuntimeError("a second create-only write of one key succeeded (it ignores If-None-Match)")
+        try:
+            store.put(probe, b"3", Match(first + "0"))
+        except Conflict:
+            pass
+        else:
+            raise RuntimeError("a write matched on a version the object does not have succeeded (it ignores If-Match)")
+    finally:
+        store.delete(probe)
+
+
+class FolderStore(Store):
+    """The files under one folder of another store, with keys relative to that folder: a trial's folder of a run's
+    store, as the checkpoint functions take it (:mod:`ablate.service.records.trial`)."""
+
+    def __init__(self, parent: Store, folder: str):
+        self.parent, self.folder, self.uri = parent, folder, parent.join(folder)
+
+    def _at(self, key: str, *, root_ok: bool = False) -> str:
+        parts = [p for p in str(key).split("/") if p]
+        if not (parts or root_ok):
+            raise ValueError(f"not a key under the store's root: {key!r}")
+        return "/".join([self.folder, *parts])  # "..": the parent's keys refuse it
+
+    def join(self, *parts: str) -> str:
+        return self.parent.join(self.folder, *parts)
+
+    def get(self, key: str) -> Got | None:
+        return self.parent.get(self._at(key))
+
+    def put(self, key: str, data: bytes, mode: PutMode = OVERWRITE) -> str:
+        return self.parent.put(self._at(key), data, mode)
+
+    def delete(self, key: str) -> None:
+        self.parent.delete(self._at(key))
+
+    def delete_tree(self, prefix: str) -> None:
+        self.parent.delete_tree(self._at(prefix))
+
+    def list(self, prefix: str = "", *, dirs: bool) -> builtins.list[str]:
+        return self.parent.list(self._at(prefix, root_ok=True), dirs=dirs)
+
+    def exists(self, key: str) -> bool:
+        return self.parent.exists(self._at(key, root_ok=True))
+
+    def lock(self, key: str, *, ttl_s: float) -> PidLock | Lease:
+        return self.parent.lock(self._at(key), ttl_s=ttl_s)
+
+    def lock_holder(self, key: str, *, ttl_s: float) -> dict | None:
+        return self.parent.lock_holder(self._at(key), ttl_s=ttl_s)

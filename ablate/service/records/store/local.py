@@ -1,0 +1,144 @@
+"""A run directory on a local (or NFS) disk: :class:`LocalStore`.
+
+A whole-file write is a temporary beside the file renamed into place (:func:`ablate.files.atomic_write`). A
+version is a hash of the content (as S3's ETag is). A :data:`~ablate.service.records.store.base.CREATE` put links
+its temporary into place (``link`` fails when a file is there: atomic); a
+:class:`~ablate.service.records.store.base.Match` put compares and renames under an ``flock`` of the file's folder,
+which every put but a create takes, so a compare and its write are one step for every writer of this store. Its
+lock is an ``flock`` (:class:`~ablate.service.records.pidlock.PidLock`), which the kernel releases when its holder
+dies.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import fcntl
+import hashlib
+import os
+import shutil
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+from ablate.files import TEMP_FILE, WriteError
+from ablate.service.records.pidlock import PidLock, lock_holder
+from ablate.service.records.store.base import CREATE, Got, Match, PutMode, Store, key_of
+
+__all__ = ["LocalStore", "version_of"]
+
+
+def version_of(data: bytes) -> str:
+    """The version of a file's content on disk: a hash of it (equal content, equal version, as S3's ETag)."""
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+class LocalStore(Store):
+    """Files under a local folder ``root``."""
+
+    def __init__(self, root: str | os.PathLike, *, uri: str | None = None):
+        """``uri``: the root as the user named it (default: ``root``), e.g. ``file:///…``."""
+        self.root, self.uri = Path(root), str(root) if uri is None else uri
+
+    def path(self, key: str = "") -> Path:
+        """The local path of ``key`` (``""``: the root)."""
+        key = key_of(key, root_ok=True)
+        return self.root / key if key else self.root
+
+    def join(self, *parts: str) -> str:
+        """The local path of the key ``parts`` make."""
+        return str(self.path("/".join(parts)))
+
+    def get(self, key: str) -> Got | None:
+        """The file's content and version, or None when there is no file at ``key``."""
+        try:
+            data = self.path(key_of(key)).read_bytes()
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            return None
+        return Got(data, version_of(data))
+
+    def put(self, key: str, data: bytes, mode: PutMode = "overwrite") -> str:
+        """Write ``data`` at ``key`` under ``mode`` (see the module) and return its version."""
+        path = self.path(key_of(key))
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise WriteError.of(path, exc) from exc
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_native_id()}")
+        try:
+            tmp.write_bytes(data)
+            if mode == CREATE:
+                try:
+                    os.link(tmp, path)
+                except FileExistsError:
+                    raise self.conflict(key, mode) from None
+            else:
+                with _folder_locked(path.parent):
+                    if isinstance(mode, Match):
+                        there = self.get(key)
+                        if there is None or there.version != mode.version:
+                            raise self.conflict(key, mode)
+                    os.replace(tmp, path)
+        except OSError as exc:
+            raise WriteError.of(path, exc) from exc
+        finally:
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+        return version_of(data)
+
+    def delete(self, key: str) -> None:
+        """Remove the file at ``key``; a missing one is fine."""
+        path = self.path(key_of(key))
+        try:
+            path.unlink(missing_ok=True)
+        except OSError as exc:
+            if os.path.lexists(path):  # a missing file on a read-only file system is EROFS, not ENOENT
+                raise WriteError.of(path, exc) from exc
+
+    def delete_tree(self, prefix: str) -> None:
+        """Remove the folder ``prefix`` and everything under it; a missing one is fine."""
+        path = self.path(key_of(prefix))
+        try:
+            shutil.rmtree(path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise WriteError.of(path, exc) from exc
+
+    def list(self, prefix: str = "", *, dirs: bool) -> builtins.list[str]:
+        """Sorted names of the files (or folders, ``dirs``) directly in folder ``prefix``."""
+        try:
+            with os.scandir(self.path(prefix)) as entries:
+                return sorted(
+                    e.name for e in entries if (e.is_dir() if dirs else e.is_file() and not TEMP_FILE.match(e.name))
+                )
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+
+    def exists(self, key: str) -> bool:
+        """Whether a file or a folder is at ``key``."""
+        return self.path(key).exists()
+
+    def remove_root_if_empty(self) -> None:
+        """Remove the root folder when it is empty."""
+        with contextlib.suppress(OSError):
+            self.root.rmdir()
+
+    def lock(self, key: str, *, ttl_s: float) -> PidLock:
+        """An ``flock`` on the file at ``key`` (``ttl_s`` unused: the kernel frees a dead holder's lock)."""
+        return PidLock(self.path(key_of(key)))
+
+    def lock_holder(self, key: str, *, ttl_s: float) -> dict | None:
+        """The live holder of the ``flock`` at ``key`` (:func:`ablate.service.records.pidlock.lock_holder`)."""
+        return lock_holder(self.path(key_of(key)))
+
+
+@contextlib.contextmanager
+def _folder_locked(folder: Path) -> Iterator[None]:
+    """An exclusive ``flock`` of ``folder`` itself (Linux locks a directory's descriptor as a file's)."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
