@@ -28,8 +28,13 @@ __all__ = ["RETRY_TIMEOUT", "TIMEOUT", "CloudStore", "client_config"]
 TIMEOUT = "30s"
 #: How long a connection may take to open.
 CONNECT_TIMEOUT = "5s"
-#: How long obstore retries a failing request (with backoff) before the operation fails.
-RETRY_TIMEOUT = timedelta(seconds=120)
+#: How obstore retries a failing request (a refused connection, a 5xx, a read that timed out): up to this many times,
+#: waiting from 0.25 s doubling up to 10 s (with jitter) in between, for at most :data:`RETRY_TIMEOUT` in all. A
+#: refused connection fails after about 32 s (measured against a closed port on 127.0.0.1), so a store that
+#: restarts within about half a minute is waited for, and an unreachable one is said within a minute.
+MAX_RETRIES = 30
+RETRY_TIMEOUT = timedelta(seconds=60)
+BACKOFF = {"init_backoff": timedelta(milliseconds=250), "max_backoff": timedelta(seconds=10), "base": 2}
 #: The query options of an ``s3://`` URI ablate reads (pyarrow's names), and those it accepts and ignores.
 S3_OPTIONS = ("endpoint_override", "scheme", "region", "access_key", "secret_key", "session_token", "anonymous")
 IGNORED_OPTIONS = ("allow_delayed_open", "allow_bucket_creation", "allow_bucket_deletion")
@@ -103,7 +108,7 @@ class CloudStore(Store):
                     f"{self.uri}: a run in a bucket needs obstore: pip install 'ablate[cloud]'"
                 ) from None
             config, client = client_config(self.uri)
-            retry = {"max_retries": 10, "retry_timeout": RETRY_TIMEOUT}
+            retry = {"max_retries": MAX_RETRIES, "retry_timeout": RETRY_TIMEOUT, "backoff": BACKOFF}
             kind = S3Store if self.scheme == "s3" else GCSStore
             self._client = kind(self.bucket, prefix=self.prefix or None, config=config or None,
                                 client_options=client, retry_config=retry)  # fmt: skip
