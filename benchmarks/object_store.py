@@ -1,22 +1,21 @@
 """`python -m benchmarks --only object_store`: what a run costs on object storage, in requests and bytes.
 
-A run on ``s3://`` writes through :class:`~ablate.service.records.store.ArrowStore`, which has no append: a report
+A run on ``s3://`` writes through :class:`~ablate.service.records.store.CloudStore`, which has no append: a report
 (:meth:`TrialRecord.append <ablate.service.records.record.TrialRecord.append>`) reads the whole result log and uploads
 it whole, so its upload grows with the log (O(n) a report, O(n²) a trial). This measures, against moto's S3 server on
 127.0.0.1 (:mod:`benchmarks.s3_server`), for each operation a trial or ``ablate status`` makes:
 
 - requests, counted per HTTP method in the server's log (one line a request) before and after each phase;
 - bytes uploaded and downloaded, counted where the code hands them to the store or gets them from it (a wrapper
-  around the ArrowStore: the log's length after each append, the checkpoint's ``torch.save`` buffer, …);
+  around the CloudStore: the log's length after each append, the checkpoint's ``torch.save`` buffer, …);
 - wall seconds, against the same operations on a :class:`~ablate.service.records.store.LocalStore` in a temporary
   folder. The S3 times are moto's (a Python server on the same cores), not a bucket's: a real S3's latency per
   request sets the time there, so only the counts and bytes carry over.
 
-pyarrow's S3 client makes each write a multipart upload (create, one part, complete: 3 requests) unless the URI asks
-for ``allow_delayed_open=true`` (then a write under 10 MiB is one PUT), and each read a HEAD, a GET and the size
-check's HEAD (:meth:`ArrowStore.read_bytes <ablate.service.records.store.ArrowStore.read_bytes>`); a missing file is
-one HEAD. Deleting (a lease, an old checkpoint's folder) also PUTs an empty marker of the parent folder (pyarrow
-keeps the folder existing).
+obstore's S3 client (the ``object_store`` crate) makes each read one GET (a missing file: one GET answered 404) and
+each write one PUT, conditional where the store asks for it (a lease's create, renewals and release: ``If-None-Match``
+and ``If-Match``); a file larger than its chunk size (5 MiB: a checkpoint) is a multipart upload (create, parts,
+complete). A list is a GET of the bucket; deleting a folder lists it and deletes its objects in one bulk POST.
 """
 
 from __future__ import annotations
@@ -32,10 +31,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ablate.service.records.store import Store
+from ablate.service.records.store import OVERWRITE, Got, PutMode, Store
 from benchmarks.s3_server import request_counts, s3_server
 
-#: The HTTP methods the table gives a column each (pyarrow's S3 client uses no other here).
+#: The HTTP methods the table gives a column each (obstore's S3 client uses no other here).
 METHODS = ("GET", "HEAD", "PUT", "POST", "DELETE")
 #: The reports whose own cost the table gives (as the log grows).
 REPORTS_SHOWN = (1, 10, 100, 1000)
@@ -52,14 +51,14 @@ class CountingStore(Store):
     def join(self, *parts: str) -> str:
         return self.inner.join(*parts)
 
-    def read_bytes(self, key: str) -> bytes | None:
-        data = self.inner.read_bytes(key)
-        self.down += 0 if data is None else len(data)
-        return data
+    def get(self, key: str) -> Got | None:
+        got = self.inner.get(key)
+        self.down += 0 if got is None else len(got.data)
+        return got
 
-    def write_bytes(self, key: str, data: bytes) -> None:
+    def put(self, key: str, data: bytes, mode: PutMode = OVERWRITE) -> str:
         self.up += len(data)
-        self.inner.write_bytes(key, data)
+        return self.inner.put(key, data, mode)
 
     def delete(self, key: str) -> None:
         self.inner.delete(key)
@@ -200,9 +199,9 @@ def bench_object_store(reports: int = 100, checkpoints: int = 10, trials: int = 
     folder (see the module's note); a row per operation. Needs moto's server (RuntimeError without it)."""
     from ablate.service.records.lease import Lease
     from ablate.service.records.reader import RunReader
-    from ablate.service.records.record import TRIAL_LEASE, TrialRecord
+    from ablate.service.records.record import TRIAL_LOCK, TrialRecord
     from ablate.service.records.rundir import RUN_MARKER
-    from ablate.service.records.store import ArrowStore, LocalStore
+    from ablate.service.records.store import CloudStore, LocalStore
     from ablate.service.records.trial import write_checkpoint
     from ablate.service.records.trial_log import json_text
 
@@ -211,10 +210,10 @@ def bench_object_store(reports: int = 100, checkpoints: int = 10, trials: int = 
     with tempfile.TemporaryDirectory(prefix="ablate-object-store-") as tmp, s3_server(tmp) as query:
         log_dir = Path(tmp)
         run = f"s3://runs/bench/{uuid.uuid4().hex[:8]}?{query}"
-        remote = CountingStore(ArrowStore(run))
+        remote = CountingStore(CloudStore(run))
         local = LocalStore(log_dir / "local-run")
         meter = _Meter(log_dir, remote)
-        remote.write_text("warm-up.txt", "pyarrow's S3 client starts on its first request")  # not measured
+        remote.write_text("warm-up.txt", "obstore's S3 client is made on its first request")  # not measured
 
         trial_id, config = "seed=0", trial_config(0)
         s3_record, local_record = TrialRecord(remote, trial_id), TrialRecord(local, trial_id)
@@ -242,9 +241,10 @@ def bench_object_store(reports: int = 100, checkpoints: int = 10, trials: int = 
         if each[2:]:
             rows.append(_row(f"checkpoint 3-{checkpoints} (keep 2: prunes 1)", len(each[2:]), *_sum(each[2:])))
 
-        # -- the trial's lease: acquire (read, write, read back), three renewals (read, write), release (read, delete)
+        # -- the trial's lease (its lock in a bucket): acquire (a read, a create-only write), three renewals and the
+        # release (a write matched on the version last written, each)
         def lease(store) -> None:
-            held = Lease(store, f"trial_{trial_id}/{TRIAL_LEASE}", settle_s=0.0).acquire()
+            held = Lease(store, f"trial_{trial_id}/{TRIAL_LOCK}").acquire()
             for _ in range(3):
                 held.renew()
             held.release()
@@ -304,7 +304,7 @@ def bench_object_store(reports: int = 100, checkpoints: int = 10, trials: int = 
             )
         )
 
-        status_remote = CountingStore(ArrowStore(f"s3://runs/bench/{uuid.uuid4().hex[:8]}?{query}"))
+        status_remote = CountingStore(CloudStore(f"s3://runs/bench/{uuid.uuid4().hex[:8]}?{query}"))
         status_local = LocalStore(log_dir / "local-status")
         make_run(status_remote)
         make_run(status_local)
@@ -319,9 +319,7 @@ def bench_object_store(reports: int = 100, checkpoints: int = 10, trials: int = 
 
 
 def versions() -> str:
-    """The versions the counts depend on: pyarrow's S3 client makes the requests, moto answers them."""
+    """The versions the counts depend on: obstore's S3 client makes the requests, moto answers them."""
     import importlib.metadata as md
 
-    import pyarrow
-
-    return f"pyarrow {pyarrow.__version__} (its S3 client makes the requests), moto {md.version('moto')}"
+    return f"obstore {md.version('obstore')} (its S3 client makes the requests), moto {md.version('moto')}"

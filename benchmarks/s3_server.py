@@ -1,10 +1,11 @@
 """A real S3 server on 127.0.0.1: moto's standalone server (as Ray's own storage tests use), reached through
-pyarrow's S3 client with the endpoint in the URI (``s3://runs/lab?<query>``), as a researcher would name MinIO or a
-cloud bucket. The object-storage tests start one per module (tests/s3_server.py turns a missing moto into a test
-failure); ``python -m benchmarks --only object_store`` counts the requests in its log (:func:`request_counts`)::
+obstore's S3 client with the endpoint in the URI (``s3://runs/lab?<query>``), as a researcher would name MinIO or a
+cloud bucket (its buckets are created with pyarrow's S3 client). The object-storage tests start one per module
+(tests/s3_server.py turns a missing moto into a test failure); ``python -m benchmarks --only object_store`` counts
+the requests in its log (:func:`request_counts`)::
 
     with s3_server(log_dir) as query:
-        store = ArrowStore(f"s3://runs/lab?{query}")
+        store = CloudStore(f"s3://runs/lab?{query}")
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-#: The credentials moto accepts (any), set in the environment while the server runs: pyarrow reads them there.
+#: The credentials moto accepts (any), set in the environment while the server runs: obstore and pyarrow read them
+#: there.
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1"}
 #: The server's log in ``log_dir``: werkzeug's line per request (``"PUT /runs/lab/… HTTP/1.1" 200 -``) among others.
 LOG_FILE = "server.log"

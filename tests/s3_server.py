@@ -1,5 +1,5 @@
 """A real S3 server for tests: :func:`benchmarks.s3_server.s3_server` (moto's standalone server on 127.0.0.1,
-reached through pyarrow's S3 client with the endpoint in the URI), a missing moto failing the test. A test module
+reached through obstore's S3 client with the endpoint in the URI), a missing moto failing the test. A test module
 starts its own, module-scoped, by importing the :func:`s3_query` fixture (``from s3_server import s3_query``);
 :func:`fresh_s3_uri` names a fresh run directory on it.
 """

@@ -5,7 +5,7 @@ search's study an Optuna journal), resumable as on disk. Storage that cannot be 
 before Ray starts.
 
 The store is a real S3 server (moto's standalone server, as Ray's own storage tests use) that the test starts on
-127.0.0.1 (tests/s3_server.py), reached through pyarrow's S3 client with the endpoint in the URI, as a researcher
+127.0.0.1 (tests/s3_server.py), reached through obstore's S3 client with the endpoint in the URI, as a researcher
 would name MinIO or a cloud bucket.
 """
 
@@ -29,11 +29,12 @@ from unfinished_runs import finished_smoke_run
 from ablate import cli
 from ablate.analysis.results import load_results
 from ablate.service.execution.callbacks import ResultLog
-from ablate.service.records.driver_lock import DRIVER_TTL_S, DriverCheck, busy_message, driver_lease, one_driver
+from ablate.service.records.driver_lock import DRIVER_TTL_S, DriverCheck, busy_message, driver_lock, one_driver
 from ablate.service.records.lease import LeaseLost
 from ablate.service.records.reader import RunReader
+from ablate.service.records.record import TRIAL_LOCK
 from ablate.service.records.rundir import (
-    DRIVER_LEASE,
+    DRIVER_LOCK,
     ENVIRONMENT_FILE,
     INTERRUPTED_FILE,
     PARAMS_FILE,
@@ -118,7 +119,8 @@ def test_a_uri_that_holds_no_run_is_refused_in_one_line(s3_store, capsys):
 
 
 def test_storage_that_cannot_be_written_is_refused_in_one_line_naming_it(s3_store, ablate_cli):
-    """A missing bucket: the probe write fails before the driver's lease is taken or Ray starts."""
+    """A missing bucket: the probe write fails before the driver's lease is taken or Ray starts; a bucket that is
+    there takes the probe (conditional writes honoured) and is left as it was."""
     storage = f"s3://no-such-bucket/lab?{s3_store}"
     with pytest.raises(RunError) as refused:
         check_writable(storage)
@@ -131,29 +133,30 @@ def test_storage_that_cannot_be_written_is_refused_in_one_line_naming_it(s3_stor
 
 
 def test_the_driver_s_lease_refuses_a_second_driver_and_tells_a_live_one(s3_store):
-    """On object storage the driver holds a lease (ablate_driver.lease) instead of a lock: a second driver is
-    refused naming the first, ``RunReader.driver_live`` is true while it is fresh, and a lost lease stops the
-    driver's writes (:class:`DriverCheck`, also once pickled into another process as Ray Client does)."""
+    """On object storage the driver holds a lease (an object at ablate_driver.lock) instead of a lock: a second
+    driver is refused naming the first, ``RunReader.driver_live`` is true while it is held, and a lost lease (its
+    object rewritten by another, so the version the holder last wrote is gone) stops the driver's writes
+    (:class:`DriverCheck`, also once pickled into another process as Ray Client does)."""
     uri = f"s3://runs/lab/{uuid.uuid4().hex[:8]}?{s3_store}"
     reader = RunReader(uri)
     assert not reader.driver_live() and reader.driver() is None
-    first = driver_lease(uri, settle_s=0.0)
+    first = driver_lock(uri)
     try:
         with pytest.raises(RunError) as refused:
-            driver_lease(uri, settle_s=0.0)
+            driver_lock(uri)
         held = reader.driver()
         assert str(refused.value) == busy_message(uri, held), refused.value
         assert f"is being written by ablate pid {os.getpid()} on host " in str(refused.value)
         assert held["ttl_s"] == DRIVER_TTL_S and reader.driver_live()
-        assert as_store(uri).list(dirs=False) == [DRIVER_LEASE]
+        assert as_store(uri).list(dirs=False) == [DRIVER_LOCK]
         as_store(uri).write_text(INTERRUPTED_FILE, "{}")  # a Ctrl-C stopped it: not live, though it holds the lease
         assert not reader.driver_live()
         as_store(uri).delete(INTERRUPTED_FILE)
 
         check, shipped = DriverCheck(first), pickle.loads(pickle.dumps(DriverCheck(first)))
         check(), shipped()
-        taken = {**json.loads(as_store(uri).read_text(DRIVER_LEASE)), "token": "another driver's"}
-        as_store(uri).write_text(DRIVER_LEASE, json.dumps(taken))  # taken over (as after a stall past its ttl)
+        taken = {**json.loads(as_store(uri).read_text(DRIVER_LOCK)), "token": "another driver's"}
+        as_store(uri).write_text(DRIVER_LOCK, json.dumps(taken))  # taken over (as after a stall past its ttl)
         with pytest.raises(LeaseLost):
             shipped()
         with pytest.raises(LeaseLost):
@@ -167,13 +170,15 @@ def test_the_driver_s_lease_refuses_a_second_driver_and_tells_a_live_one(s3_stor
     finally:
         first.release()
     assert reader.driver() is not None  # another's lease is left as it is
-    as_store(uri).delete(DRIVER_LEASE)
+    assert json.loads(as_store(uri).read_text(DRIVER_LOCK)) == taken
+    as_store(uri).delete(DRIVER_LOCK)
     assert not reader.driver_live()
 
 
 def test_one_driver_holds_the_lease_for_the_call_and_refuses_a_second(s3_store):
     """driver_lock.one_driver on object storage: the lease is taken after the storage is probed, held while the
-    call runs (a second driver of the run is refused), and deleted after it."""
+    call runs (a second driver of the run is refused), and released after it (its object left as a released
+    tombstone, which nobody holds)."""
     opts = SimpleNamespace(storage=f"s3://runs/lab?{s3_store}", name=uuid.uuid4().hex[:8], resume=False)
     uri = resolve_run_dir(opts.storage, opts.name)
 
@@ -186,16 +191,23 @@ def test_one_driver_holds_the_lease_for_the_call_and_refuses_a_second(s3_store):
         return "ran"
 
     assert run(None, opts) == "ran"
-    assert RunReader(uri).driver() is None and _keys(uri) == []
+    assert RunReader(uri).driver() is None and _keys(uri) == [DRIVER_LOCK]
+    assert _released(uri, DRIVER_LOCK) and not RunReader(uri).driver_live()
 
 
 def _keys(uri: str) -> list[str]:
-    """Every object under ``uri``, relative to it."""
-    import pyarrow.fs as pafs
+    """Every object under ``uri``, relative to it (one flat listing: every object, whatever its name)."""
+    import obstore
 
     store = as_store(uri)
-    infos = store.fs.get_file_info(pafs.FileSelector(store.root, recursive=True, allow_not_found=True))
-    return sorted(i.path.removeprefix(store.root + "/") for i in infos if i.type == pafs.FileType.File)
+    return sorted(m["path"] for chunk in obstore.list(store.client) for m in chunk)
+
+
+def _released(uri: str, key: str) -> bool:
+    """Whether the lease at ``key`` of the run ``uri`` reads as released: nobody holds it, and its object says so."""
+    store = as_store(uri)
+    there = json.loads(store.read_text(key) or "null")
+    return store.lock_holder(key, ttl_s=60) is None and isinstance(there, dict) and there.get("released") is True
 
 
 _TIMING = ["time_total_s", "prefetch"]
@@ -253,14 +265,17 @@ def test_a_grid_on_object_storage_killed_with_kill_9_resumes_and_reads_as_on_dis
     for trial, steps in before.items():  # the last report may be replayed from the checkpoint before it
         assert after[trial][: len(steps) - 1] == steps[:-1], (trial, steps, after[trial])
 
-    keys = _keys(uri)  # ablate's files only: no lease left behind, no error, nothing of Ray's
+    keys = _keys(uri)  # ablate's files only: every lease released, no error, nothing of Ray's
     trials = sorted({k.split("/")[0] for k in keys if k.startswith("trial_")})
     assert len(trials) == 4, keys
-    assert {k for k in keys if not k.startswith("trial_")} == {RUN_MARKER, PROVENANCE_FILE, ENVIRONMENT_FILE}, keys
+    others = {RUN_MARKER, PROVENANCE_FILE, ENVIRONMENT_FILE, DRIVER_LOCK}
+    assert {k for k in keys if not k.startswith("trial_")} == others, keys
+    assert _released(uri, DRIVER_LOCK)
     for trial in trials:
         files = [k.removeprefix(trial + "/") for k in keys if k.startswith(trial + "/")]
         assert {PARAMS_FILE, RESULT_FILE} <= set(files), files
-        assert all(f in (PARAMS_FILE, RESULT_FILE) or f.endswith("/state.pt") for f in files), files
+        assert all(f in (PARAMS_FILE, RESULT_FILE, TRIAL_LOCK) or f.endswith("/state.pt") for f in files), files
+        assert TRIAL_LOCK not in files or _released(uri, f"{trial}/{TRIAL_LOCK}"), trial  # its lease released
 
     status = ablate_cli("status", uri)  # read back as a local run of the same grid, never stopped
     assert status.returncode == 0 and "finished: 4  running: 0  interrupted: 0" in status.stdout, status.stdout
@@ -329,7 +344,7 @@ def test_a_search_on_object_storage_killed_with_kill_9_goes_on_to_its_budget(
     store = as_store(uri)
     folders = {_settings(json.loads(store.read_text(f"{t}/{PARAMS_FILE}"))) for t in store.list(dirs=True)}
     assert folders == set(counted), (folders, counted)
-    assert not store.exists("optuna.db") and not store.exists(DRIVER_LEASE)
+    assert not store.exists("optuna.db") and _released(uri, DRIVER_LOCK)
     views = {v.name: v for v in optuna_views(uri, "tune_aninfonce")}
     assert len(views["optimization_history"].data) == sum(t.state.name == "COMPLETE" for t in trials) > 0
 
@@ -378,7 +393,7 @@ def test_a_packed_grid_on_object_storage_stopped_by_sigterm_grows_more_seeds_in_
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=120) == 143, log.read_text()[-3000:]
     stopped = _reports(uri)
-    assert 0 < sum(len(v) for v in stopped.values()) < 4 * 30 and not as_store(uri).exists(DRIVER_LEASE), stopped
+    assert 0 < sum(len(v) for v in stopped.values()) < 4 * 30 and _released(uri, DRIVER_LOCK), stopped
 
     grown = ablate_cli(*argv, "seeds=[0,1]", "--pack", "2", "--resume")
     assert grown.returncode == 0, grown.stderr[-3000:]

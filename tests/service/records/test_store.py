@@ -1,12 +1,13 @@
 """The run directory's store (issue "The run record on object storage"): one contract, run over a :class:`LocalStore`
-in a temporary folder, an :class:`ArrowStore` on a real S3 server (moto's, on 127.0.0.1: tests/s3_server.py) and
-one on pyarrow's in-memory file system; and :class:`RunReader` reading the same run through a local and an S3 store.
-No Ray."""
+in a temporary folder, a :class:`CloudStore` on a real S3 server (moto's, on 127.0.0.1: tests/s3_server.py) and a
+:class:`MemoryStore` (``memory://``), conditional writes included; and :class:`RunReader` reading the same run
+through a local and an S3 store. No Ray."""
 
 from __future__ import annotations
 
 import json
 import os
+import uuid
 from pathlib import Path
 
 import pytest
@@ -18,20 +19,30 @@ from ablate.files import WriteError
 from ablate.service.records.pidlock import PidLock
 from ablate.service.records.reader import RunReader
 from ablate.service.records.rundir import DRIVER_LOCK, PROVENANCE_FILE, RESULT_FILE, RUN_MARKER
-from ablate.service.records.store import ArrowStore, LocalStore, Store, open_store
+from ablate.service.records.store import (
+    CREATE,
+    CloudStore,
+    Conflict,
+    LocalStore,
+    Match,
+    MemoryStore,
+    Store,
+    check_conditional,
+    open_store,
+)
 
 s3_query = s3_server.s3_query  # the module's S3 server (a fixture)
 
 
-@pytest.fixture(params=["local", "s3", "mock"])
+@pytest.fixture(params=["local", "s3", "memory"])
 def store(request, tmp_path) -> Store:
-    """An empty run directory's store: a local folder, a prefix of a bucket on the S3 server, or pyarrow's in-memory
-    file system (``mock://``, whose folders are real ones, as on HDFS)."""
+    """An empty run directory's store: a local folder, a prefix of a bucket on the S3 server, or a fresh store in
+    this process's memory (``memory://``, whose folders are implicit, as in a bucket)."""
     if request.param == "local":
         return LocalStore(tmp_path / "run")
-    if request.param == "mock":
-        return ArrowStore("mock:///lab/run")
-    return ArrowStore(fresh_s3_uri(request.getfixturevalue("s3_query")))
+    if request.param == "memory":
+        return MemoryStore(f"memory://test-{uuid.uuid4().hex[:8]}/lab/run")
+    return CloudStore(fresh_s3_uri(request.getfixturevalue("s3_query")))
 
 
 def test_bytes_and_text_round_trip_and_a_missing_file_reads_none(store):
@@ -57,9 +68,8 @@ def test_an_overwrite_replaces_the_whole_file(store):
 
 
 def test_a_file_read_while_it_is_replaced_reads_whole_old_or_new(store):
-    """A log rewritten at each report, read by `ablate status` meanwhile: each read is one version whole. (pyarrow
-    reads an S3 object as a HEAD and a GET of the HEAD's length: unchecked, a replacement of another length in
-    between came back cut or padded with zero bytes.)"""
+    """A log rewritten at each report, read by `ablate status` meanwhile: each read is one version whole, never cut
+    or padded (an S3 object is read in one GET, its bytes and version together)."""
     import threading
 
     versions = [b'{"step": 5}\n' * 9, b'{"step": 10}\n' * 9]  # lengths differ
@@ -72,22 +82,15 @@ def test_a_file_read_while_it_is_replaced_reads_whole_old_or_new(store):
             i += 1
             store.write_bytes("result.json", versions[i % 2])
 
-    def read() -> bytes | str:
-        try:
-            return store.read_bytes("result.json")
-        except OSError as exc:  # ArrowStore: the size changed during each of its reads; said, never a torn copy
-            assert "changed size during each of" in str(exc), exc
-            return "gave up"
-
     writer = threading.Thread(target=rewrite)
     writer.start()
     try:
-        reads = [read() for _ in range(40)]  # unchecked, about one in six came back torn
+        reads = [store.get("result.json") for _ in range(40)]
     finally:
         done.set()
         writer.join()
-    assert all(r in versions or r == "gave up" for r in reads), [r for r in reads if r not in versions][:3]
-    assert any(r in versions for r in reads), reads[:3]
+    torn = [r for r in reads if r is None or r.data not in versions]
+    assert not torn, torn[:3]
 
 
 def test_list_names_the_direct_files_or_folders_of_a_folder(store):
@@ -165,20 +168,27 @@ def test_a_write_into_a_read_only_folder_names_the_file(tmp_path):
 
 
 def test_a_write_to_a_bucket_that_does_not_exist_names_the_objects_uri(s3_query):
-    store = ArrowStore(fresh_s3_uri(s3_query, bucket="no-such-bucket"))
+    store = CloudStore(fresh_s3_uri(s3_query, bucket="no-such-bucket"))
     with pytest.raises(WriteError) as err:
         store.write_text("trial_a/params.json", "{}")
     assert err.value.filename == store.join("trial_a", "params.json")
     assert str(err.value).startswith(f"cannot write {store.join('trial_a', 'params.json')} (")
     assert "bucket does not exist" in str(err.value), err.value
-    assert store.read_text("trial_a/params.json") is None and store.list(dirs=True) == []
+    with pytest.raises(WriteError, match="bucket does not exist"):  # no bucket is no Conflict: no file is there
+        store.put("trial_a/params.json", b"{}", CREATE)
+    assert store.read_text("trial_a/params.json") is None
+    with pytest.raises(OSError, match="bucket does not exist") as listed:  # said, not read as an empty run
+        store.list(dirs=True)
+    assert str(listed.value).startswith(f"{store.uri}: ") and "\n" not in str(listed.value)
 
 
 def test_open_store_picks_the_store_of_a_path_or_uri(tmp_path, s3_query):
     local, file_uri, remote = open_store(tmp_path), open_store(f"file://{tmp_path}"), open_store(fresh_s3_uri(s3_query))
     assert isinstance(local, LocalStore) and local.root == tmp_path and local.uri == str(tmp_path)
     assert isinstance(file_uri, LocalStore) and file_uri.root == tmp_path and file_uri.uri == f"file://{tmp_path}"
-    assert isinstance(remote, ArrowStore) and remote.uri.startswith("s3://runs/lab/")
+    assert isinstance(remote, CloudStore) and remote.uri.startswith("s3://runs/lab/")
+    memory = open_store("memory://lab-open/run")
+    assert isinstance(memory, MemoryStore) and memory.uri == "memory://lab-open/run"
 
 
 def _copy(run_dir: Path, store: Store) -> None:
@@ -192,7 +202,7 @@ def test_run_reader_reads_the_same_run_through_both_stores(tmp_path, s3_query):
     ids = finished_smoke_run(written)
     (written / PROVENANCE_FILE).write_text(json.dumps({"event": "start"}) + "\n")
     (written / f"trial_{ids[0]}" / RESULT_FILE).write_text('{"step": 5, "training_iteration": 1}\n{"step": 1')
-    local, remote = LocalStore(tmp_path / "local"), ArrowStore(fresh_s3_uri(s3_query))
+    local, remote = LocalStore(tmp_path / "local"), CloudStore(fresh_s3_uri(s3_query))
     _copy(written, local)
     _copy(written, remote)
 
@@ -224,11 +234,52 @@ def test_run_reader_reads_the_same_run_through_both_stores(tmp_path, s3_query):
     for reader in readers[1:]:
         assert seen(reader) == first, reader.uri
 
-    # a live driver is known by its lock, which only a local run has: a lock file on S3 says nothing
+    # a live driver is known by its lock: an flock on disk, a lease in a bucket; a lock file on S3 that is no
+    # lease (no token) says nothing
     remote.write_text(DRIVER_LOCK, json.dumps({"pid": os.getpid(), "host": "here", "since": 0}))
     lock = PidLock(local.join(DRIVER_LOCK)).acquire()
     try:
         assert [r.driver_live() for r in readers] == [True, False, True, False]
+        lease = remote.lock(DRIVER_LOCK, ttl_s=60).acquire()  # takes the damaged object over
+        try:
+            assert [r.driver_live() for r in readers] == [True, True, True, True]
+            assert readers[1].driver()["pid"] == os.getpid()
+        finally:
+            lease.release()
     finally:
         lock.release()
-    assert not RunReader(local).driver_live()
+    assert [r.driver_live() for r in readers] == [False, False, False, False]
+    assert remote.exists(DRIVER_LOCK) and remote.lock_holder(DRIVER_LOCK, ttl_s=60) is None  # released: a tombstone
+
+
+def test_conditional_writes_are_a_compare_and_swap(store):
+    """The leases and fencing rest on these (ablate.service.records.lease): a create-only put writes once, a put
+    matched on a version writes only while the file is still that version, a failed condition raises Conflict and
+    changes nothing, and a put's version is the one a following get reports."""
+    first = store.put("lease.json", b"first", CREATE)
+    assert store.get("lease.json") == (b"first", first)
+    with pytest.raises(Conflict) as again:
+        store.put("lease.json", b"second", CREATE)
+    assert store.join("lease.json") in str(again.value)
+    assert store.get("lease.json") == (b"first", first)  # the first content, its version
+
+    updated = store.put("lease.json", b"updated", Match(first))
+    assert store.get("lease.json") == (b"updated", updated)
+    with pytest.raises(Conflict):
+        store.put("lease.json", b"stale", Match(first))  # the version before the update
+    assert store.get("lease.json") == (b"updated", updated)
+    third = store.put("lease.json", b"third", Match(updated))
+    assert store.get("lease.json") == (b"third", third) and third != updated
+
+    with pytest.raises(Conflict):
+        store.put("nope.json", b"x", Match(third))  # no file at the key
+    assert store.get("nope.json") is None and not store.exists("nope.json")
+
+    overwritten = store.put("lease.json", b"overwritten")
+    assert store.get("lease.json") == (b"overwritten", overwritten)
+    store.delete("lease.json")
+    created = store.put("lease.json", b"created again", CREATE)  # a deleted file can be created again
+    assert store.get("lease.json") == (b"created again", created)
+
+    check_conditional(store)
+    assert store.list(dirs=False) == ["lease.json"]  # its probe removed

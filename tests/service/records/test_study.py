@@ -1,11 +1,12 @@
 """An Optuna search's study on object storage (ablate.service.records.study): Optuna's journal in one object, written
 whole by its one writer, read back by a fresh driver and by Optuna's own file backend, against moto's S3 server and
-pyarrow's in-memory file system."""
+this process's memory (``memory://``)."""
 
 from __future__ import annotations
 
 import pickle
 import re
+import uuid
 
 import optuna
 import pytest
@@ -15,7 +16,7 @@ from s3_server import fresh_s3_uri
 
 from ablate.service.records import study as study_mod
 from ablate.service.records.lease import LeaseLost
-from ablate.service.records.rundir import OPTUNA_DB, STUDY_JOURNAL, has_study, study_file
+from ablate.service.records.rundir import DRIVER_LOCK, OPTUNA_DB, STUDY_JOURNAL, has_study, study_file
 from ablate.service.records.store import as_store
 from ablate.service.records.study import StoreJournal, flush_study, load_study, study_storage
 
@@ -24,11 +25,16 @@ s3_query = s3_server.s3_query  # the module's S3 server (a fixture)
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
-@pytest.fixture(params=["s3", "mock"])
+def _memory_uri(name: str) -> str:
+    """A fresh run directory in this process's memory (a :class:`MemoryStore`, one per URI in a process)."""
+    return f"memory://{name}-{uuid.uuid4().hex[:8]}/lab/run"
+
+
+@pytest.fixture(params=["s3", "memory"])
 def run_uri(request) -> str:
-    """A fresh run directory on moto's S3 server, or on pyarrow's in-memory file system."""
-    if request.param == "mock":
-        return f"mock:///lab/run-{id(request)}"
+    """A fresh run directory on moto's S3 server, or in this process's memory."""
+    if request.param == "memory":
+        return _memory_uri("study")
     return fresh_s3_uri(request.getfixturevalue("s3_query"))
 
 
@@ -80,7 +86,7 @@ def test_the_journal_opens_with_optuna_s_own_file_backend(tmp_path, run_uri):
 def test_only_intermediate_values_wait_for_the_next_upload(monkeypatch):
     """A created trial, its settings and its end are uploaded at once (the object is then the whole journal); a
     report told to Optuna waits for the next of those, or FLUSH_S seconds, and flush_study uploads it."""
-    uri = "mock:///lab/deferred"
+    uri = _memory_uri("deferred")
     clock = [1000.0]
     monkeypatch.setattr(study_mod.time, "monotonic", lambda: clock[0])
     storage = study_storage(uri)
@@ -108,10 +114,10 @@ def test_only_intermediate_values_wait_for_the_next_upload(monkeypatch):
 def test_a_driver_that_lost_its_lease_uploads_nothing():
     """Each upload asks check() first: a driver whose lease was taken over raises LeaseLost and leaves the journal
     as the next driver may be writing it."""
-    uri = "mock:///lab/lost"
+    uri = _memory_uri("lost")
     study = _search(study_storage(uri), n=1)
     before = as_store(uri).read_bytes(STUDY_JOURNAL)
-    lost = LeaseLost(as_store(uri).join("ablate_driver.lease"), "taken over")
+    lost = LeaseLost(as_store(uri).join(DRIVER_LOCK), "taken over")
 
     def check():
         raise lost
@@ -123,7 +129,7 @@ def test_a_driver_that_lost_its_lease_uploads_nothing():
 
 
 def test_a_damaged_journal_is_an_error_naming_it_never_a_study_read_in_part():
-    store = as_store("mock:///lab/damaged")  # the in-memory file system of this URI (one per URI, as the run's)
+    store = as_store(_memory_uri("damaged"))  # the in-memory store of this URI (one per URI, as the run's)
     study_uri = re.escape(store.join(STUDY_JOURNAL))
     store.write_text(STUDY_JOURNAL, '{"op_code": 0, "worker_id": "w", "study_name": "tune", "directions": [1]}\n{"op')
     with pytest.raises(ValueError, match=f"{study_uri}: not an Optuna journal"):
@@ -135,7 +141,7 @@ def test_a_damaged_journal_is_an_error_naming_it_never_a_study_read_in_part():
 
 def test_the_storage_pickles_as_ray_tune_snapshots_its_searcher():
     """Ray Tune pickles the searcher, storage and all: the copy reads the same study from the store."""
-    uri = "mock:///lab/pickled"
+    uri = _memory_uri("pickled")
     storage = study_storage(uri)
     study = _search(storage, n=2)
     copy = pickle.loads(pickle.dumps(storage))

@@ -1,5 +1,5 @@
 """A trial's record over the run directory's store (issue "The run record on object storage"): one scenario run on a
-:class:`LocalStore` in a temporary folder and on an :class:`ArrowStore` on a real S3 server (moto's, on 127.0.0.1:
+:class:`LocalStore` in a temporary folder and on a :class:`CloudStore` on a real S3 server (moto's, on 127.0.0.1:
 tests/s3_server.py). Its params, pack, error, stopped and best files, its result log (append, torn line, cut,
 rewrite) and its checkpoints (retention, a damaged newest one, drops) read back the same on both, and the files
 hold the very bytes the local record wrote before it went through the store (the literals below). No Ray."""
@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import logging
 import math
+import os
 import threading
 import time
 
@@ -21,8 +22,8 @@ from s3_server import fresh_s3_uri
 from ablate.service.records.checkpoint_writer import CheckpointWriter
 from ablate.service.records.lease import Lease
 from ablate.service.records.pidlock import PidLock
-from ablate.service.records.record import TRIAL_LEASE, RunRecord, TrialRecord
-from ablate.service.records.store import ArrowStore, LocalStore, Store, as_store
+from ablate.service.records.record import TRIAL_LOCK, RunRecord, TrialRecord
+from ablate.service.records.store import CloudStore, LocalStore, Store, as_store
 from ablate.service.records.trial import checkpoint_names, load_state
 
 CKPT = "checkpoint_{:09d}"
@@ -35,7 +36,7 @@ def run(request, tmp_path) -> Store:
     """An empty run directory's store: a local folder, or a fresh prefix of a bucket on the S3 server."""
     if request.param == "local":
         return LocalStore(tmp_path / "run")
-    return ArrowStore(fresh_s3_uri(request.getfixturevalue("s3_query")))
+    return CloudStore(fresh_s3_uri(request.getfixturevalue("s3_query")))
 
 
 def _files(store: Store, folder: str = "") -> list[str]:
@@ -170,19 +171,20 @@ def test_the_background_writer_writes_into_the_trial_s_store(run):
 
 
 def test_a_trial_waits_for_its_folder_s_lock_or_lease_and_says_so(run):
-    """Locally an flock; on object storage a lease (.trial.lease) with a heartbeat: a second holder waits while
-    the first holds it, saying so, and takes it once the first lets it go."""
+    """Locally an flock; on object storage a lease (an object at .trial.lock) with a heartbeat: a second holder waits
+    while the first holds it, saying so, and takes it once the first lets it go."""
     trial = TrialRecord(run, "x")
-    first = trial.hold(settle_s=0.0)
+    first = trial.hold()
     if isinstance(run, LocalStore):
         assert isinstance(first, PidLock)
     else:
-        assert isinstance(first, Lease) and first.held and run.list("trial_x", dirs=False) == [TRIAL_LEASE]
+        assert isinstance(first, Lease) and first.held and run.list("trial_x", dirs=False) == [TRIAL_LOCK]
+    assert run.lock_holder(f"trial_x/{TRIAL_LOCK}", ttl_s=60)["pid"] == os.getpid()
     said: list[str] = []
     second: list = []
     waiter = threading.Thread(
         target=lambda: second.append(
-            trial.hold(lambda held, waited: said.append(str(held)), say_every_s=0.0, settle_s=0.0)
+            trial.hold(lambda held, waited: said.append(str(held)), say_every_s=0.0)
         )  # fmt: skip
     )
     waiter.start()
@@ -195,9 +197,11 @@ def test_a_trial_waits_for_its_folder_s_lock_or_lease_and_says_so(run):
     waiter.join(timeout=20)
     assert second, "the second holder took it"
     second[0].check()
+    assert run.lock_holder(f"trial_x/{TRIAL_LOCK}", ttl_s=60)["pid"] == os.getpid()
     second[0].release()
+    assert run.lock_holder(f"trial_x/{TRIAL_LOCK}", ttl_s=60) is None  # released (in a bucket: a tombstone)
     if not isinstance(run, LocalStore):
-        assert run.list("trial_x", dirs=False) == []
+        assert run.list("trial_x", dirs=False) == [TRIAL_LOCK]
 
 
 def test_a_remote_run_directory_is_opened_once_per_process(s3_query):
@@ -213,7 +217,6 @@ def test_a_trial_killed_mid_upload_of_a_checkpoint_keeps_the_one_before(s3_query
     upload, seen in progress on the server): the new checkpoint never appears, the one before it loads, and the
     resume point is that one. The parts the kill left behind are invisible to every reader (docs/clusters.md: a
     bucket lifecycle rule aborts them)."""
-    import os
     import signal
     import subprocess
     import sys
