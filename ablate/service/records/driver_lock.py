@@ -127,7 +127,11 @@ def one_driver(run_dir_of: Callable[[Any, Any], str]):
         def locked(grid, opts, **kwargs):
             run_dir = run_dir_of(grid, opts)
             store = as_store(run_dir)
-            fresh = not store.exists("")
+            try:
+                fresh = not store.exists("")
+            except OSError:  # an unreachable store, a missing bucket: said in one line
+                check_writable(opts.storage)
+                raise
             if opts.resume and fresh:
                 return run(grid, opts, check=DriverCheck(), **kwargs)
             check_writable(opts.storage)

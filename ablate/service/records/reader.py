@@ -208,7 +208,8 @@ class RunReader:
     def logged_rows(self, trial_dir: str) -> list[dict[str, Any]]:
         """Every whole JSON row of a trial's result.json, intact or not (``ablate status`` compares the two); a line
         that is torn or not a JSON object is skipped (:func:`ablate.service.records.trial_log.parse_rows`)."""
-        return parse_rows(self.read_text(trial_dir, RESULT_FILE) or "")
+        data = self.store.read_log(f"{trial_dir}/{RESULT_FILE}")
+        return parse_rows(data.decode("utf-8", errors="replace") if data else "")
 
 
 def read_marker(run_dir: str | os.PathLike) -> dict[str, Any]:

@@ -5,9 +5,9 @@ folder only through these: where the folder is, its params, its result log (read
 stopped files, its lock (a lease on object storage) and its checkpoints. They write through the run directory's
 :class:`~ablate.service.records.store.Store` (a path, a URI or a store: :func:`~ablate.service.records.store.open_store`).
 Every write is of a whole file, atomic (on disk :func:`ablate.files.atomic_write`, on object storage one upload),
-but the local log's append, which a kill may cut and the next append cuts back
-(:func:`ablate.service.records.trial_log.append_row`): O(1) a report, where object storage, which has no append,
-rewrites the whole log (:func:`ablate.service.records.trial_log.append_whole`). The layout is
+but the result log's append, which is the store's: O(1) a report on disk (a line; a kill may cut it, and the next
+append cuts it back) and in a bucket (one create-only entry, merged as they pile up:
+:mod:`ablate.service.records.store.segments`). The layout is
 :mod:`ablate.service.records.rundir`'s (file names) and :mod:`ablate.service.records.trial`'s (ids, checkpoints).
 
 Nothing here imports Ray.
@@ -25,7 +25,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ablate.files import atomic_write
 from ablate.service.records import trial as checkpoints
 from ablate.service.records.lease import Lease
 from ablate.service.records.pidlock import LockHeld, PidLock
@@ -41,17 +40,11 @@ from ablate.service.records.rundir import (
 )
 from ablate.service.records.store import FolderStore, LocalStore, Store, as_store
 from ablate.service.records.trial_log import (
-    append_row,
-    append_whole,
-    cut_log,
     cut_text,
     intact_rows,
     json_text,
-    last_row,
     last_row_in,
-    last_step,
     parse_rows,
-    read_rows,
 )
 
 __all__ = [
@@ -133,7 +126,8 @@ class TrialRecord:
 
     # ---------------------------------------------------------------- result log
     def _log_text(self) -> str | None:
-        return self.store.read_text(self._key(RESULT_FILE))
+        data = self.store.read_log(self._key(RESULT_FILE))
+        return None if data is None else data.decode("utf-8", errors="replace")
 
     def rows(self) -> list[dict[str, Any]]:
         """The log's intact rows (steps rising; a torn or damaged line ends them)."""
@@ -141,49 +135,34 @@ class TrialRecord:
 
     def raw_rows(self) -> list[dict[str, Any]]:
         """Every row of the log that parses, in order (what the coverage of a checkpoint is judged on)."""
-        if self.local is not None:
-            return read_rows(self.log)
         return parse_rows(self._log_text() or "")
 
     def last_row(self) -> dict[str, Any] | None:
-        """The log's last whole row that has a step (locally: read from its tail), or None."""
-        if self.local is not None:
-            return last_row(self.log)
-        data = self.store.read_bytes(self._key(RESULT_FILE))
-        return None if data is None else last_row_in(data)
+        """The log's last whole row that has a step (read from its tail), or None."""
+        tail = self.store.log_tail(self._key(RESULT_FILE))
+        return None if tail is None else last_row_in(tail)
 
     def last_step(self) -> int | None:
         """The step of the log's last row (None without one)."""
-        if self.local is not None:
-            return last_step(self.log)
         row = self.last_row()
         return None if row is None else row["step"]
 
     def append(self, row: dict[str, Any]) -> None:
-        """Append one report (a row cut by a kill is dropped first); on object storage the log is written whole."""
-        if self.local is not None:
-            append_row(self.log, row)
-        else:
-            append_whole(self.store, self._key(RESULT_FILE), row)
+        """Append one report (the store's append: on disk a line, a row cut by a kill dropped first; in a bucket
+        one create-only entry, :mod:`ablate.service.records.store.segments`)."""
+        self.store.append_log(self._key(RESULT_FILE), (json_text(row) + "\n").encode("utf-8"))
 
     def rewrite(self, rows: list[dict[str, Any]]) -> None:
         """Replace the log by ``rows``, atomically."""
-        text = "".join(json_text(r) + "\n" for r in rows)
-        if self.local is not None:
-            atomic_write(self.log, lambda p: p.write_text(text))
-        else:
-            self.store.write_text(self._key(RESULT_FILE), text)
+        self.store.replace_log(self._key(RESULT_FILE), "".join(json_text(r) + "\n" for r in rows).encode("utf-8"))
 
     def cut(self, step: int) -> tuple[int, int]:
         """Keep the log's intact rows up to ``step`` (a continued trial reports the rest again); (rows before,
         rows kept)."""
-        if self.local is not None:
-            before = len(read_rows(self.log))
-            return before, len(cut_log(self.log, lambda r: r["step"] <= step))
         text = self._log_text()
         kept, new = cut_text(text, lambda r: r["step"] <= step)
         if new is not None:
-            self.store.write_text(self._key(RESULT_FILE), new)
+            self.store.replace_log(self._key(RESULT_FILE), new.encode("utf-8"))
         return len(parse_rows(text or "")), len(kept)
 
     # ---------------------------------------------------------------- a pack's folder

@@ -11,12 +11,10 @@ import math
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ablate.files import atomic_write
-
-if TYPE_CHECKING:
-    from ablate.service.records.store import Store
+from ablate.service.records.store.local import LocalStore
 
 #: The key of the report that ends a trial whose loss went non-finite (a solo trial's or a pack member's), with the
 #: error's text naming the step. A result of the science, not a crash: the same seed fails at the same step again,
@@ -26,7 +24,6 @@ ERROR_KEY = "member_error"
 __all__ = [
     "ERROR_KEY",
     "append_row",
-    "append_whole",
     "cut_log",
     "cut_text",
     "ended",
@@ -91,35 +88,10 @@ def intact_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _cut_torn_line(path: Path, chunk: int = 1 << 16) -> None:
-    """Drop a last line without its newline (a row a killed writer left half-written); reads only the tail."""
-    with path.open("rb+") as f:
-        end = f.seek(0, os.SEEK_END)
-        if end == 0:
-            return
-        f.seek(end - 1)
-        if f.read(1) == b"\n":
-            return
-        stop = end
-        while stop > 0:
-            start = max(0, stop - chunk)
-            f.seek(start)
-            cut = f.read(stop - start).rfind(b"\n")
-            if cut >= 0:
-                f.truncate(start + cut + 1)
-                return
-            stop = start
-        f.truncate(0)
-
-
 def append_row(path: str | os.PathLike, row: dict[str, Any]) -> None:
-    """Append one JSON line to ``path`` (the file only grows; a torn last line is cut first)."""
+    """Append one JSON line to the log file ``path`` (the file only grows; a torn last line is cut first)."""
     path = Path(path)
-    if path.exists():
-        _cut_torn_line(path)
-    with path.open("a") as f:
-        f.write(json_text(row) + "\n")
-        f.flush()
+    LocalStore(path.parent).append_log(path.name, (json_text(row) + "\n").encode("utf-8"))
 
 
 def cut_log(path: str | os.PathLike, keep: Callable[[dict[str, Any]], bool]) -> list[dict[str, Any]]:
@@ -147,16 +119,6 @@ def cut_text(text: str | None, keep: Callable[[dict[str, Any]], bool]) -> tuple[
     if text is None or (len(kept) == len(intact) == len(rows) and (not text or text.endswith("\n"))):
         return kept, None
     return kept, "".join(json_text(r) + "\n" for r in kept)
-
-
-def append_whole(store: Store, key: str, row: dict[str, Any]) -> None:
-    """:func:`append_row` on a store that has no append (object storage): read the whole log, drop a torn last line
-    (a whole write never leaves one; the invariant is kept all the same), add the row and write the log back whole,
-    one upload. O(log) per row, where the local append is O(1)."""
-    data = store.read_bytes(key) or b""
-    if data and not data.endswith(b"\n"):
-        data = data[: data.rfind(b"\n") + 1]
-    store.write_bytes(key, data + (json_text(row) + "\n").encode("utf-8"))
 
 
 def seconds_of(rows: list[dict[str, Any]]) -> float:

@@ -13,6 +13,7 @@ delete raises an OSError (:class:`ablate.files.WriteError` for a write) naming t
 from __future__ import annotations
 
 import builtins
+import functools
 import os
 import secrets
 from abc import ABC, abstractmethod
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, NamedTuple
 if TYPE_CHECKING:
     from ablate.service.records.lease import Lease
     from ablate.service.records.pidlock import PidLock
+    from ablate.service.records.store.segments import SegmentLogs
 
 __all__ = ["CREATE", "OVERWRITE", "Conflict", "FolderStore", "Got", "Match", "PutMode", "Store", "check_conditional"]
 
@@ -110,6 +112,38 @@ class Store(ABC):
     @abstractmethod
     def exists(self, key: str) -> bool:
         """Whether a file or a folder is at ``key``."""
+
+    def delete_many(self, keys: builtins.list[str]) -> None:
+        """Remove the files at ``keys`` (missing ones are fine)."""
+        for key in keys:
+            self.delete(key)
+
+    # ------------------------------------------------------------------ logs
+    # An append-only log of lines: on disk one file appended to; on a store without append, numbered entries
+    # written create-only and merged (:mod:`ablate.service.records.store.segments`).
+    @functools.cached_property
+    def _segments(self) -> SegmentLogs:
+        from ablate.service.records.store.segments import SegmentLogs
+
+        return SegmentLogs(self)
+
+    def read_log(self, key: str) -> bytes | None:
+        """The lines of the log at ``key``, or None when there is none. On disk a last line a killed writer cut
+        may end them (a reader skips it; the next append cuts it)."""
+        return self._segments.read(key)
+
+    def log_tail(self, key: str) -> bytes | None:
+        """Whole lines that end the log at ``key`` (at least its last line, when it has one), or None."""
+        return self._segments.tail(key)
+
+    def append_log(self, key: str, lines: bytes) -> None:
+        """Add ``lines`` (whole lines, each ending with a newline) to the log at ``key``, creating it; atomic (a
+        reader sees them all or none). :class:`Conflict` when another writer superseded this one's log."""
+        self._segments.append(key, lines)
+
+    def replace_log(self, key: str, data: bytes) -> None:
+        """Make ``data`` (whole lines) the whole log at ``key``, atomically."""
+        self._segments.replace(key, data)
 
     def remove_root_if_empty(self) -> None:
         """Remove the root folder when nothing is in it (where folders are real; elsewhere nothing to do)."""
@@ -213,6 +247,21 @@ class FolderStore(Store):
 
     def exists(self, key: str) -> bool:
         return self.parent.exists(self._at(key, root_ok=True))
+
+    def delete_many(self, keys: builtins.list[str]) -> None:
+        self.parent.delete_many([self._at(k) for k in keys])
+
+    def read_log(self, key: str) -> bytes | None:
+        return self.parent.read_log(self._at(key))
+
+    def log_tail(self, key: str) -> bytes | None:
+        return self.parent.log_tail(self._at(key))
+
+    def append_log(self, key: str, lines: bytes) -> None:
+        self.parent.append_log(self._at(key), lines)
+
+    def replace_log(self, key: str, data: bytes) -> None:
+        self.parent.replace_log(self._at(key), data)
 
     def lock(self, key: str, *, ttl_s: float) -> PidLock | Lease:
         return self.parent.lock(self._at(key), ttl_s=ttl_s)

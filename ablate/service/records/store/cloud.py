@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import re
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 from urllib.parse import parse_qsl
 
 from ablate.files import WriteError
-from ablate.service.records.store.base import CREATE, Got, Match, PutMode, Store, key_of
+from ablate.service.records.store.base import Got, Match, PutMode, Store, key_of
 
 __all__ = ["RETRY_TIMEOUT", "TIMEOUT", "CloudStore", "client_config"]
 
@@ -78,10 +79,22 @@ def client_config(uri: str) -> tuple[dict[str, Any], dict[str, Any]]:
     return config, client
 
 
+#: The store's error codes that a person reads better in words.
+_CODES = {"NoSuchBucket": "the bucket does not exist", "AccessDenied": "access denied",
+          "InvalidAccessKeyId": "the access key is not known", "SignatureDoesNotMatch": "the secret key does not match"}  # fmt: skip
+
+
 def _message(exc: BaseException) -> str:
-    """obstore's error as one line: its first line, without the debug dump that follows it."""
-    text = str(exc).split("\n\nDebug source:")[0]
-    return " ".join(text.split())[:400]
+    """obstore's error in a few words: the HTTP status and the store's error code (``404 Not Found,
+    NoSuchBucket``), or the last clause of its first line (``HTTP error: error sending request``)."""
+    text = str(exc)
+    status = re.search(r"status code: (\d{3}[^:<\n]*)", text)
+    code = re.search(r"<Code>([^<]+)</Code>", text)
+    if status:
+        said = _CODES.get(code[1], code[1]) if code else None
+        return ", ".join([status[1].strip(), *([said] if said else [])])
+    first = text.split("\n\nDebug source:")[0].split("\n")[0]
+    return " ".join(first.rsplit(" - ", 1)[-1].split())[:300]
 
 
 class CloudStore(Store):
@@ -129,7 +142,7 @@ class CloudStore(Store):
 
         try:
             yield
-        except (FileNotFoundError, oe.AlreadyExistsError, oe.PreconditionError):
+        except (FileNotFoundError, WriteError, oe.AlreadyExistsError, oe.PreconditionError):
             raise
         except (oe.BaseError, OSError) as exc:
             where = self.join(key) if key else self.uri
@@ -165,10 +178,8 @@ class CloudStore(Store):
                 result = obstore.put(self.client, key, data, mode=sent)
             except (oe.AlreadyExistsError, oe.PreconditionError):
                 raise self.conflict(key, mode) from None
-            except FileNotFoundError:
-                if mode == CREATE or isinstance(mode, Match):
-                    raise self.conflict(key, mode) from None
-                raise
+            except FileNotFoundError as exc:  # no such bucket (a missing object fails a match as a precondition)
+                raise WriteError(None, _message(exc), self.join(key)) from None
         return _version(result)
 
     def delete(self, key: str) -> None:
@@ -178,6 +189,15 @@ class CloudStore(Store):
         key = key_of(key)
         with self._request(key, write=True), contextlib.suppress(FileNotFoundError):
             obstore.delete(self.client, key)
+
+    def delete_many(self, keys: builtins.list[str]) -> None:
+        """Remove the objects at ``keys`` (missing ones are fine): one request a thousand."""
+        import obstore
+
+        keys = [key_of(k) for k in keys]
+        with self._request(keys[0] if keys else "", write=True):
+            for start in range(0, len(keys), 1000):
+                obstore.delete(self.client, keys[start : start + 1000])
 
     def _keys(self, prefix: str) -> builtins.list[str]:
         import obstore

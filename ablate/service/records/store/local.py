@@ -20,6 +20,7 @@ import shutil
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 from ablate.files import TEMP_FILE, WriteError
 from ablate.service.records.pidlock import PidLock, lock_holder
@@ -119,6 +120,47 @@ class LocalStore(Store):
         """Whether a file or a folder is at ``key``."""
         return self.path(key).exists()
 
+    # ------------------------------------------------------------------ logs: one file, appended to
+    def read_log(self, key: str) -> bytes | None:
+        """The log file's content, or None when there is none: a last line a killed writer cut may end it (readers
+        skip it; the next append or a replacement cuts it)."""
+        return self.read_bytes(key)
+
+    def log_tail(self, key: str, chunk: int = 1 << 16) -> bytes | None:
+        """The log file's last ``chunk`` bytes, cut to whole lines, more when its last whole line is longer."""
+        path = self.path(key_of(key))
+        try:
+            with path.open("rb") as f:
+                end = f.seek(0, os.SEEK_END)
+                while True:
+                    start = max(0, end - chunk)
+                    f.seek(start)
+                    tail = f.read(end - start)
+                    lines = tail[: tail.rfind(b"\n") + 1]
+                    if start == 0 or lines.count(b"\n") >= 2:
+                        return lines if start == 0 else lines[lines.find(b"\n") + 1 :]
+                    chunk *= 2
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            return None
+
+    def append_log(self, key: str, lines: bytes) -> None:
+        """Append ``lines`` to the file (created with its folder), after cutting a last line a killed writer left
+        without its newline."""
+        path = self.path(key_of(key))
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with os.fdopen(os.open(path, os.O_RDWR | os.O_CREAT, 0o644), "r+b") as f:
+                _cut_torn_line(f)
+                f.seek(0, os.SEEK_END)
+                f.write(lines)
+                f.flush()
+        except OSError as exc:
+            raise WriteError.of(path, exc) from exc
+
+    def replace_log(self, key: str, data: bytes) -> None:
+        """Replace the file whole (a temporary renamed into place)."""
+        self.put(key, data)
+
     def remove_root_if_empty(self) -> None:
         """Remove the root folder when it is empty."""
         with contextlib.suppress(OSError):
@@ -142,3 +184,23 @@ def _folder_locked(folder: Path) -> Iterator[None]:
         yield
     finally:
         os.close(fd)
+
+
+def _cut_torn_line(f: BinaryIO, chunk: int = 1 << 16) -> None:
+    """Drop the last line of the file open as ``f`` (read and write) when it has no newline; reads only the tail."""
+    end = f.seek(0, os.SEEK_END)
+    if end == 0:
+        return
+    f.seek(end - 1)
+    if f.read(1) == b"\n":
+        return
+    stop = end
+    while stop > 0:
+        start = max(0, stop - chunk)
+        f.seek(start)
+        cut = f.read(stop - start).rfind(b"\n")
+        if cut >= 0:
+            f.truncate(start + cut + 1)
+            return
+        stop = start
+    f.truncate(0)
