@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
 import sys
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -46,6 +47,7 @@ from ablate.service.records.rundir import (
     resolve_run_dir,
 )
 from ablate.service.records.store import as_store
+from ablate.service.records.store.segments import folder_of
 from ablate.service.specs.params import RECORD_KEY
 
 
@@ -210,6 +212,12 @@ def _released(uri: str, key: str) -> bool:
     return store.lock_holder(key, ttl_s=60) is None and isinstance(there, dict) and there.get("released") is True
 
 
+def _log_entry(name: str) -> bool:
+    """Whether ``name`` (relative to a trial folder) is an entry of the trial's result log on a bucket: the log
+    is numbered entries ``result.json.d/FFFFFFFFFF-LLLLLLLLLL``, not one object (store/segments.py)."""
+    return re.fullmatch(rf"{re.escape(folder_of(RESULT_FILE))}/\d{{10}}-\d{{10}}", name) is not None
+
+
 _TIMING = ["time_total_s", "prefetch"]
 
 
@@ -217,9 +225,9 @@ def _reports(uri: str) -> dict[str, list[int]]:
     """Each trial folder's logged steps on the store (a trial without a log yet: none)."""
     store, out = as_store(uri), {}
     for trial in store.list(dirs=True):
-        text = store.read_text(f"{trial}/{RESULT_FILE}")
-        if text is not None:
-            out[trial] = [json.loads(line)["step"] for line in text.splitlines()]
+        data = store.read_log(f"{trial}/{RESULT_FILE}")  # on a bucket the log is entries under result.json.d/
+        if data is not None:
+            out[trial] = [json.loads(line)["step"] for line in data.decode("utf-8").splitlines()]
     return out
 
 
@@ -273,8 +281,9 @@ def test_a_grid_on_object_storage_killed_with_kill_9_resumes_and_reads_as_on_dis
     assert _released(uri, DRIVER_LOCK)
     for trial in trials:
         files = [k.removeprefix(trial + "/") for k in keys if k.startswith(trial + "/")]
-        assert {PARAMS_FILE, RESULT_FILE} <= set(files), files
-        assert all(f in (PARAMS_FILE, RESULT_FILE, TRIAL_LOCK) or f.endswith("/state.pt") for f in files), files
+        entries = [f for f in files if _log_entry(f)]  # the result log: numbered entries (store/segments.py)
+        assert PARAMS_FILE in files and entries, files
+        assert all(f in (PARAMS_FILE, TRIAL_LOCK) or f in entries or f.endswith("/state.pt") for f in files), files
         assert TRIAL_LOCK not in files or _released(uri, f"{trial}/{TRIAL_LOCK}"), trial  # its lease released
 
     status = ablate_cli("status", uri)  # read back as a local run of the same grid, never stopped
