@@ -283,3 +283,17 @@ def test_conditional_writes_are_a_compare_and_swap(store):
 
     check_conditional(store)
     assert store.list(dirs=False) == ["lease.json"]  # its probe removed
+
+
+def test_a_store_that_read_and_wrote_a_log_still_pickles_and_its_copy_carries_the_log_on(store):
+    """A store travels pickled (to Ray's workers; in Tune's snapshots of a scheduler that holds a RunRecord, as an
+    Optuna search's resume takes): after reading and appending a log it still pickles, and the copy reads the same
+    lines and appends after them."""
+    import pickle
+
+    store.append_log("trial_x/result.json", b'{"step": 1}\n')
+    assert store.read_log("trial_x/result.json") == b'{"step": 1}\n'
+    copy = pickle.loads(pickle.dumps(store))
+    assert copy.read_log("trial_x/result.json") == b'{"step": 1}\n'
+    copy.append_log("trial_x/result.json", b'{"step": 2}\n')
+    assert store.read_log("trial_x/result.json") == b'{"step": 1}\n{"step": 2}\n'

@@ -18,7 +18,7 @@ import os
 import secrets
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     from ablate.service.records.lease import Lease
@@ -126,6 +126,11 @@ class Store(ABC):
         from ablate.service.records.store.segments import SegmentLogs
 
         return SegmentLogs(self)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A store travels pickled (to Ray's workers, in Tune's snapshots of a scheduler holding a RunRecord): its
+        # log writers (a mutex, and what this process wrote) stay here; the copy starts as a new writer.
+        return {k: v for k, v in self.__dict__.items() if k != "_segments"}
 
     def read_log(self, key: str) -> bytes | None:
         """The lines of the log at ``key``, or None when there is none. On disk a last line a killed writer cut

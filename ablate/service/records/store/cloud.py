@@ -128,7 +128,7 @@ class CloudStore(Store):
         return self._client
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_client": None}
+        return {**super().__getstate__(), "_client": None}
 
     def join(self, *parts: str) -> str:
         """The URI of the key ``parts`` make: the root's URI with the key before its query."""

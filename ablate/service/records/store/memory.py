@@ -29,6 +29,15 @@ class MemoryStore(Store):
         with self._mutex:
             self.files = self._files.setdefault(self.uri, {})
 
+    def __getstate__(self) -> dict:
+        # A copy (pickled) is the same store as every memory://NAME of the process it lands in, not a snapshot.
+        return {k: v for k, v in super().__getstate__().items() if k != "files"}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        with self._mutex:
+            self.files = self._files.setdefault(self.uri, {})
+
     def join(self, *parts: str) -> str:
         key = key_of("/".join(parts), root_ok=True)
         return f"{self.uri}/{key}" if key else self.uri
