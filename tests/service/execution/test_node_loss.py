@@ -101,12 +101,13 @@ def _stop(proc: subprocess.Popen | None) -> None:
 
 
 def _result_rows(run_dir: str) -> dict[str, list[dict]]:
-    """Each trial's result.json rows in the store (the result log as written; one upload each, never torn)."""
+    """Each trial's result.json rows in the store, read through its log API (on a bucket the log is numbered
+    entries under result.json.d/, each written whole and create-only, never torn)."""
     store, out = as_store(run_dir), {}
     for name in store.list(dirs=True):
-        text = store.read_text(f"{name}/{RESULT_FILE}")
-        if text is not None:
-            out[name] = [json.loads(line) for line in text.splitlines()]
+        data = store.read_log(f"{name}/{RESULT_FILE}")
+        if data is not None:
+            out[name] = [json.loads(line) for line in data.decode("utf-8").splitlines()]
     return out
 
 
