@@ -145,8 +145,8 @@ def test_an_optuna_search_on_a_uri_goes_as_ablate_run_takes_it(tmp_path, s3_quer
     "make, reason",
     [
         (lambda q: fresh_s3_uri(q, bucket="no-such-bucket"), "bucket does not exist"),
-        (lambda q: fresh_s3_uri(q) + "&no_such_option=1", "Unexpected query parameter"),
-        (lambda q: f"s3:///lab?{q}", "Missing bucket name"),
+        (lambda q: fresh_s3_uri(q) + "&no_such_option=1", "the option 'no_such_option' is not one ablate reads"),
+        (lambda q: f"s3:///lab?{q}", "not a bucket's URI"),
         (lambda q: fresh_s3_uri(q).replace("lab/", "lab\n#SBATCH --x/"), "control characters"),
     ],
 )
