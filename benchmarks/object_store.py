@@ -1,8 +1,10 @@
 """`python -m benchmarks --only object_store`: what a run costs on object storage, in requests and bytes.
 
-A run on ``s3://`` writes through :class:`~ablate.service.records.store.CloudStore`, which has no append: a report
-(:meth:`TrialRecord.append <ablate.service.records.record.TrialRecord.append>`) reads the whole result log and uploads
-it whole, so its upload grows with the log (O(n) a report, O(n²) a trial). This measures, against moto's S3 server on
+A run on ``s3://`` writes through :class:`~ablate.service.records.store.CloudStore`, which has no append: its result
+log is numbered entries written create-only and merged (:mod:`ablate.service.records.store.segments`), so a report
+(:meth:`TrialRecord.append <ablate.service.records.record.TrialRecord.append>`) is one PUT of its own line, the first
+of a process's reports also listing the log (and reading what is there); every 32 entries of one size class are
+merged into one (each line uploaded about twice in all up to 1024 lines). This measures, against moto's S3 server on
 127.0.0.1 (:mod:`benchmarks.s3_server`), for each operation a trial or ``ablate status`` makes:
 
 - requests, counted per HTTP method in the server's log (one line a request) before and after each phase;
@@ -220,7 +222,7 @@ def bench_object_store(reports: int = 100, checkpoints: int = 10, trials: int = 
         # -- the trial's params.json, written first (it makes the local folder)
         rows.append(_on_both(meter, s3_record, local_record, "params.json", 1, lambda r: r.write_params(config)))
 
-        # -- a trial's reports: each reads the whole log and uploads it whole (O(n) bytes a report)
+        # -- a trial's reports: each one PUT of its line (the first also lists the log), merges every 32 entries
         new = [report_row(100 * (n + 1), trial_id, config) for n in range(reports)]
         each = _series(meter, [(lambda r=r: s3_record.append(r), lambda r=r: local_record.append(r)) for r in new])
         log_bytes = len("".join(json_text(r) + "\n" for r in new).encode())
