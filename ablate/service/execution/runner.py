@@ -35,7 +35,6 @@ from ablate.service.records.rundir import (
     RunError,
     resolve_run_dir,
     run_name,
-    sweep_stale_temps,
     write_marker,
 )
 from ablate.service.records.store import LocalStore, as_store
@@ -253,8 +252,7 @@ def _open_record(grid: Grid, opts: RunOptions, run_dir: str, pack: int) -> tuple
             )
             pack = recorded
         check_trial_folders(run_dir)
-        if isinstance(store, LocalStore):  # object storage has no temporaries: each file is one upload
-            _swept(sweep_stale_temps(run_dir))  # temporaries of writers killed earlier
+        _swept(store.sweep_temporaries())  # what writers killed earlier left (on disk their temporaries)
         if grid.search == "optuna":
             check_study(run_dir)
     store.delete(INTERRUPTED_FILE)  # a driver runs the trials again

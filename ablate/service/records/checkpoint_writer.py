@@ -21,12 +21,11 @@ from __future__ import annotations
 
 import os
 import threading
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from ablate.service.records.store import LocalStore, Store, open_store
+from ablate.service.records.store import Store, open_store
 from ablate.service.records.trial import write_checkpoint
 
 __all__ = ["CheckpointWriter", "host_copy"]
@@ -66,7 +65,7 @@ class CheckpointWriter:
         :attr:`ablate.service.records.record.TrialRecord.checkpoints`); ``keep``: the checkpoints it keeps.
         ``trial_dir`` then is the folder's local path, or its URI on object storage."""
         self.store = trial_dir if isinstance(trial_dir, Store) else open_store(trial_dir)
-        self.trial_dir: Path | str = self.store.root if isinstance(self.store, LocalStore) else self.store.uri
+        self.trial_dir: str = self.store.join()
         self.keep = keep
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None

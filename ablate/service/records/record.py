@@ -22,7 +22,6 @@ import math
 import os
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 from ablate.service.records import trial as checkpoints
@@ -38,7 +37,7 @@ from ablate.service.records.rundir import (
     STOPPED_FILE,
     TRIAL_PREFIX,
 )
-from ablate.service.records.store import FolderStore, LocalStore, Store, as_store
+from ablate.service.records.store import FolderStore, Store, as_store
 from ablate.service.records.trial_log import (
     cut_text,
     intact_rows,
@@ -82,12 +81,9 @@ class TrialRecord:
     def __init__(self, run_dir: str | os.PathLike | Store, trial_id: str):
         store = self.store = as_store(run_dir)
         self.id, self.name = trial_id, folder_name(trial_id)
-        self.local: Path | None = store.path(self.name) if isinstance(store, LocalStore) else None
-        self.run_dir: Path | str = store.root if isinstance(store, LocalStore) else store.uri
-        self.folder: Path | str = self.local if self.local is not None else store.join(self.name)
-        self.log: Path | str = (
-            self.local / RESULT_FILE if self.local is not None else store.join(self.name, RESULT_FILE)
-        )
+        self.run_dir: str = store.join()
+        self.folder: str = store.join(self.name)
+        self.log: str = store.join(self.name, RESULT_FILE)
 
     def __repr__(self) -> str:
         return f"TrialRecord({str(self.folder)!r})"
@@ -98,13 +94,12 @@ class TrialRecord:
     @functools.cached_property
     def checkpoints(self) -> Store:
         """The store of the trial's folder, where its checkpoints are (:mod:`ablate.service.records.trial`)."""
-        return LocalStore(self.local) if self.local is not None else FolderStore(self.store, self.name)
+        return FolderStore(self.store, self.name)
 
     def make(self) -> None:
-        """Create the folder (and the run directory's, if need be); nothing on object storage, whose folders are
-        made by the writes into them."""
-        if self.local is not None:
-            self.local.mkdir(parents=True, exist_ok=True)
+        """Create the folder (and the run directory's) where folders are real; in a bucket the writes into it make
+        it."""
+        self.store.make_folder(self.name)
 
     # ---------------------------------------------------------------- params
     def has_params(self) -> bool:
@@ -182,7 +177,7 @@ class TrialRecord:
     def write_error(self, error: str, failures: int) -> None:
         """The trial's error beside its log (``error.json``: its last line and how often it failed in this driver);
         nothing when the folder is gone, and a full disk is let pass (the run's outcome names the error)."""
-        there = self.local.is_dir() if self.local is not None else self.store.exists(self.name)
+        there = self.store.exists(self.name)
         if there:
             with contextlib.suppress(OSError):
                 info = {"error": error[-2000:], "failures": failures}
@@ -228,7 +223,7 @@ class TrialRecord:
                     said = now
                 time.sleep(1.0)
 
-    def write_checkpoint(self, state: dict[str, Any], keep: int, logged: int | None = None) -> Path | str:
+    def write_checkpoint(self, state: dict[str, Any], keep: int, logged: int | None = None) -> str:
         """:func:`ablate.service.records.trial.write_checkpoint` in this folder."""
         return checkpoints.write_checkpoint(self.checkpoints, state, keep, logged)
 
@@ -249,7 +244,7 @@ class RunRecord:
 
     def __init__(self, run_dir: str | os.PathLike | Store):
         self.store = as_store(run_dir)
-        self.dir: Path | str = self.store.root if isinstance(self.store, LocalStore) else self.store.uri
+        self.dir: str = self.store.join()
 
     def trial(self, trial_id: str) -> TrialRecord:
         return TrialRecord(self.store, trial_id)

@@ -24,13 +24,11 @@ import json
 import logging
 import os
 import re
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ablate.config import RunConfig
-from ablate.files import atomic_write
 from ablate.service.records.rundir import ERROR_FILE
 from ablate.service.records.store import LocalStore, Store, open_store
 from ablate.service.records.trial_log import intact_rows
@@ -114,21 +112,15 @@ class _Unwritten(RuntimeError):
 
 
 def _load(store: Store, name: str, map_location: Any) -> dict[str, Any]:
-    """The state of checkpoint ``name`` in a trial folder's ``store``, loaded with ``weights_only=True``: from its
-    file on a local store, else from its bytes (one read; a failure to read is raised as it is, not taken for a
-    damaged checkpoint)."""
+    """The state of checkpoint ``name`` in a trial folder's ``store``, loaded with ``weights_only=True`` from its
+    bytes (one read; a failure to read is raised as it is, not taken for a damaged checkpoint)."""
     import torch
 
     path = store.join(name, CHECKPOINT_FILE)
-    if isinstance(store, LocalStore):
-        source: Any = store.path(name) / CHECKPOINT_FILE
-        if not source.is_file():
-            raise _Unwritten(f"checkpoint {store.join(name)} holds no {CHECKPOINT_FILE}")
-    else:
-        data = store.read_bytes(f"{name}/{CHECKPOINT_FILE}")
-        if data is None:
-            raise _Unwritten(f"checkpoint {store.join(name)} holds no {CHECKPOINT_FILE}")
-        source = io.BytesIO(data)
+    data = store.read_bytes(f"{name}/{CHECKPOINT_FILE}")
+    if data is None:
+        raise _Unwritten(f"checkpoint {store.join(name)} holds no {CHECKPOINT_FILE}")
+    source = io.BytesIO(data)
     try:
         state = torch.load(source, map_location=map_location, weights_only=True)
     except Exception as exc:  # torch raises several types for truncated or foreign files
@@ -164,37 +156,23 @@ def checkpoint_folders(trial_dir: str | os.PathLike) -> list[Path]:
 def _remove(store: Store, name: str) -> None:
     """Delete checkpoint ``name`` and its folder; a failure leaves it (as :func:`shutil.rmtree`'s
     ``ignore_errors``)."""
-    if isinstance(store, LocalStore):
-        shutil.rmtree(store.path(name), ignore_errors=True)
-        return
     with contextlib.suppress(OSError):
         store.delete_tree(name)
 
 
-def write_checkpoint(trial_dir: TrialDir, state: dict[str, Any], keep: int, logged: int | None = None) -> Path | str:
+def write_checkpoint(trial_dir: TrialDir, state: dict[str, Any], keep: int, logged: int | None = None) -> str:
     """Write ``state`` as the trial's checkpoint at ``state["step"]`` (atomically: on local disk a folder whose
     state.pt is renamed into place, on object storage one upload of ``<folder>/state.pt``), then delete all but the
     newest ``keep`` checkpoints, never the newest one at or before ``logged`` (the step of the log's last row: the one
-    a resume would continue from). Returns the new folder (its path; on object storage its URI)."""
+    a resume would continue from). Returns the new folder's location (its path; in a bucket its URI)."""
     import torch
 
     store = _store(trial_dir)
     name = f"{CHECKPOINT_PREFIX}{int(state['step']):09d}"
     buffer = io.BytesIO()  # serialised first: a full disk is then an OSError of the write, not torch's stream error
     torch.save(state, buffer)
-    where: Path | str
-    if isinstance(store, LocalStore):
-        where = folder = store.path(name)
-        folder.mkdir(parents=True, exist_ok=True)
-        try:
-            atomic_write(folder / CHECKPOINT_FILE, lambda p: p.write_bytes(buffer.getbuffer()))
-        except OSError:
-            with contextlib.suppress(OSError):
-                folder.rmdir()  # only if empty: a checkpoint written before stays
-            raise
-    else:
-        store.write_bytes(f"{name}/{CHECKPOINT_FILE}", buffer.getbuffer())  # type: ignore[arg-type]  # bytes-like
-        where = store.join(name)
+    store.put(f"{name}/{CHECKPOINT_FILE}", buffer.getvalue())  # whole or not at all: a failed write leaves none
+    where = store.join(name)
     existing = checkpoint_names(store)
     covered = next((n for n in existing if logged is not None and _step(n) <= logged), None)
     for old in existing[max(keep, 1) :]:

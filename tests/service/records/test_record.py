@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 from ablate.service.records.record import TRIAL_LOCK, TrialRecord
 
@@ -19,7 +20,7 @@ def test_a_trial_waits_for_its_folder_s_lock_while_another_process_trains_it_and
             "import sys, time\n"
             "from ablate.service.records.pidlock import PidLock\n"
             "PidLock(sys.argv[1]).acquire(); print('held', flush=True); time.sleep(5)\n"
-        ), str(trial.folder / TRIAL_LOCK)],
+        ), str(Path(trial.folder) / TRIAL_LOCK)],
         stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     assert holder.stdout.readline().strip() == "held"

@@ -150,6 +150,15 @@ class Store(ABC):
         """Make ``data`` (whole lines) the whole log at ``key``, atomically."""
         self._segments.replace(key, data)
 
+    def make_folder(self, key: str) -> None:
+        """Create the folder ``key`` where folders are real (on disk); elsewhere a write makes its folder."""
+        return None
+
+    def sweep_temporaries(self) -> builtins.list[str]:
+        """Remove what writers killed earlier left behind (on disk their temporaries; a bucket has none, each
+        file being one upload); the keys removed."""
+        return []
+
     def remove_root_if_empty(self) -> None:
         """Remove the root folder when nothing is in it (where folders are real; elsewhere nothing to do)."""
         return None
@@ -255,6 +264,9 @@ class FolderStore(Store):
 
     def delete_many(self, keys: builtins.list[str]) -> None:
         self.parent.delete_many([self._at(k) for k in keys])
+
+    def make_folder(self, key: str) -> None:
+        self.parent.make_folder(self._at(key, root_ok=True))
 
     def read_log(self, key: str) -> bytes | None:
         return self.parent.read_log(self._at(key))

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from ablate.files import TEMP_FILE, WriteError
+from ablate.files import TEMP_FILE, WriteError, sweep_stale_temps
 from ablate.service.records.pidlock import PidLock, lock_holder
 from ablate.service.records.store.base import CREATE, Got, Match, PutMode, Store, key_of
 
@@ -61,10 +61,20 @@ class LocalStore(Store):
     def put(self, key: str, data: bytes, mode: PutMode = "overwrite") -> str:
         """Write ``data`` at ``key`` under ``mode`` (see the module) and return its version."""
         path = self.path(key_of(key))
+        made = not path.parent.is_dir()
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise WriteError.of(path, exc) from exc
+        try:
+            return self._put(key, path, data, mode)
+        except BaseException:
+            if made:  # a failed write leaves no folder it made (a checkpoint's, on a full disk)
+                with contextlib.suppress(OSError):
+                    path.parent.rmdir()
+            raise
+
+    def _put(self, key: str, path: Path, data: bytes, mode: PutMode) -> str:
         tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_native_id()}")
         try:
             tmp.write_bytes(data)
@@ -160,6 +170,15 @@ class LocalStore(Store):
     def replace_log(self, key: str, data: bytes) -> None:
         """Replace the file whole (a temporary renamed into place)."""
         self.put(key, data)
+
+    def make_folder(self, key: str) -> None:
+        """Create the folder ``key`` (and its parents)."""
+        self.path(key_of(key)).mkdir(parents=True, exist_ok=True)
+
+    def sweep_temporaries(self) -> list[str]:
+        """Remove the temporaries that writers killed on this machine left (:func:`ablate.files.sweep_stale_temps`);
+        the removed files, relative to the root."""
+        return sweep_stale_temps(self.root)
 
     def remove_root_if_empty(self) -> None:
         """Remove the root folder when it is empty."""

@@ -11,10 +11,12 @@ point: an entry inside one already taken (a merge's source not deleted yet) is p
 
 **Fencing.** Each entry is written create-only, so two writers of one log collide instead of overwriting. A writer
 that starts (the first append or replacement of a log in its process) writes the whole log as it read it, plus its
-line, as one entry ``[1, M]`` reaching one past every entry listed: every entry an earlier writer still had in
-flight lands inside it and is passed over by readers. An earlier writer that carries on after that collides with
-the new one's numbers and gets :class:`~ablate.service.records.store.base.Conflict`: it stops, and can never
-overwrite its successor's lines. A replacement (a log cut back) is such an entry too.
+line, as one entry ``[1, M]`` reaching one past every entry listed: an entry an earlier writer still had in flight,
+or writes next, lands inside it and is passed over by readers; once the new writer has appended, the earlier one's
+next append collides with its numbers and gets :class:`~ablate.service.records.store.base.Conflict`: it stops. It
+can never overwrite its successor's lines. A replacement (a log cut back) is such an entry too. A writer reads a log
+it writes from what it wrote (the numbers of its entries, and the lines of the small ones), so an append is one PUT
+and a read of its own log lists nothing; every other process lists.
 
 **Damage** (an entry deleted by hand, an object of another name in the folder) is read around: the lines of the
 entries there, in order, and one warning naming the missing numbers. A log written whole by earlier versions of
@@ -23,6 +25,7 @@ ablate (the object ``KEY`` itself) is read while no entry exists, and becomes th
 
 from __future__ import annotations
 
+import collections
 import logging
 import math
 import re
@@ -39,6 +42,8 @@ _log = logging.getLogger("ablate.service.records.store")
 FAN_OUT = 32
 #: Reads of a log whose entries were merged away between its listing and their download, before giving up.
 READ_TRIES = 5
+#: How many logs' last reads a process remembers (the lines its first write to each starts from).
+READS_KEPT = 256
 _ENTRY = re.compile(r"^(\d{10})-(\d{10})$")
 
 
@@ -59,7 +64,7 @@ def _size_class(first: int, last: int) -> int:
 class _Entry:
     first: int
     last: int
-    data: bytes
+    data: bytes | None  # None: not kept in memory (read back when needed)
 
 
 @dataclass
@@ -67,6 +72,12 @@ class _Writer:
     """What this process wrote of one log: the entries readers take, with their lines (merged from here)."""
 
     cover: list[_Entry] = field(default_factory=list)
+
+
+def _reach(names: list[str]) -> tuple[int, list[str]]:
+    """The furthest entry number among ``names`` (0: none) and the entries' names."""
+    found = [(n, int(m[2])) for n in names if (m := _ENTRY.match(n))]
+    return max((last for _, last in found), default=0), [n for n, _ in found]
 
 
 def cover(names: list[str]) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
@@ -90,35 +101,61 @@ def cover(names: list[str]) -> tuple[list[tuple[int, int]], list[tuple[int, int]
 
 class SegmentLogs:
     """The logs of one store kept as entries (see the module). One per store: it remembers, per log, what this
-    process wrote, so that an append is one PUT."""
+    process wrote (the entries' numbers, and the lines of the small ones it will merge soon), so that an append is
+    one PUT and a read of a log it writes lists nothing."""
 
     def __init__(self, store: Store):
         self.store = store
         self._writers: dict[str, _Writer] = {}
-        self._mutex = threading.Lock()
+        # key -> what this process's last read of a log it does not write saw: the furthest entry number listed, the
+        # entries' names, the log's lines (what its first write then starts from); the newest READS_KEPT logs
+        self._listed: collections.OrderedDict[str, tuple[int, list[str], bytes, bool]] = collections.OrderedDict()
+        self._mutex = threading.RLock()
 
     # ------------------------------------------------------------------ reading
+    def _data(self, key: str, entry: _Entry) -> bytes:
+        """An entry's lines: kept, or read (None when it is gone: merged away since it was listed)."""
+        if entry.data is not None:
+            return entry.data
+        got = self.store.get(f"{folder_of(key)}/{entry_name(entry.first, entry.last)}")
+        if got is None:
+            raise _Gone(f"{self.store.join(folder_of(key), entry_name(entry.first, entry.last))}: gone")
+        return got.data
+
     def _read(self, key: str) -> list[_Entry] | None:
-        """The entries a reader takes, with their lines; None when the log does not exist."""
+        """The entries a reader takes, with their lines; None when the log does not exist. A log this process
+        writes is read from what it wrote (its entries' numbers: it would have collided with any other writer)."""
+        with self._mutex:
+            writer = self._writers.get(key)
+            if writer is not None:
+                return [_Entry(e.first, e.last, self._data(key, e)) for e in writer.cover]
         folder = folder_of(key)
         for _ in range(READ_TRIES):
-            taken, gaps = cover(self.store.list(folder, dirs=False))
+            names = self.store.list(folder, dirs=False)
+            taken, gaps = cover(names)
+            reach, numbered = _reach(names)
             if not taken:
                 legacy = self.store.get(key)
+                self._remember(key, (reach, numbered, b"" if legacy is None else legacy.data, legacy is not None))
                 return None if legacy is None else [_Entry(0, 0, legacy.data)]
-            entries = []
-            for first, last in taken:
-                got = self.store.get(f"{folder}/{entry_name(first, last)}")
-                if got is None:
-                    break  # merged away since the listing: list again
-                entries.append(_Entry(first, last, got.data))
-            else:
-                if gaps:
-                    missing = ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in gaps)
-                    _log.warning("the log %s misses its entries %s (deleted?); read the rest", self.store.join(key),
-                                 missing)  # fmt: skip
-                return entries
+            try:
+                entries = [_Entry(a, b, self._data(key, _Entry(a, b, None))) for a, b in taken]
+            except _Gone:
+                continue  # merged away since the listing: list again
+            if gaps:
+                missing = ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in gaps)
+                _log.warning("the log %s misses its entries %s (deleted?); read the rest", self.store.join(key),
+                             missing)  # fmt: skip
+            self._remember(key, (reach, numbered, b"".join(e.data for e in entries), False))
+            return entries
         raise OSError(f"{self.store.join(key)}: its entries changed during each of {READ_TRIES} reads")
+
+    def _remember(self, key: str, seen: tuple[int, list[str], bytes, bool]) -> None:
+        with self._mutex:
+            self._listed[key] = seen
+            self._listed.move_to_end(key)
+            while len(self._listed) > READS_KEPT:
+                self._listed.popitem(last=False)
 
     def read(self, key: str) -> bytes | None:
         """The log's lines, or None when there is no log at ``key``."""
@@ -156,22 +193,23 @@ class SegmentLogs:
             self._start(key, data, b"")
 
     def _start(self, key: str, data: bytes | None, line: bytes) -> None:
-        """Write the log as one entry ``[1, M]``: ``data`` (None: the log as read now) followed by ``line``."""
+        """Write the log as one entry ``[1, M]``: ``data`` (None: the log as last read in this process) followed by
+        ``line``. ``M`` reaches past every entry this process listed (at its last read of the log, after it took
+        the run's lease: an earlier writer's entry still in flight then lands inside ``[1, M]``)."""
         folder = folder_of(key)
-        names = self.store.list(folder, dirs=False)
-        if data is None:
-            data = self.read(key) or b""
-        numbered = [(int(m[1]), int(m[2])) for n in names if (m := _ENTRY.match(n))]
-        reach = max((last for _, last in numbered), default=0) + 1
         writer = self._writers.get(key)
-        if writer is not None and writer.cover:
-            reach = max(reach, writer.cover[-1].last + 1)
-        self._put(key, 1, reach, data + line)
-        self._writers[key] = _Writer([_Entry(1, reach, data + line)])
-        stale = [f"{folder}/{entry_name(a, b)}" for a, b in numbered if (a, b) != (1, reach)]
-        self._delete(stale)
-        if self.store.get(key) is not None:
-            self.store.delete(key)  # the whole log of an earlier version, now the first entry
+        if writer is None:
+            if key not in self._listed:
+                self._read(key)
+            reach, stale, read, legacy = self._listed.pop(key)
+            data = read if data is None else data
+        else:  # a replacement (an append to a log this process writes is one entry)
+            data = self.read(key) if data is None else data
+            reach, stale, legacy = writer.cover[-1].last, [entry_name(e.first, e.last) for e in writer.cover], False
+        whole = data + line
+        self._put(key, 1, reach + 1, whole)
+        self._writers[key] = _Writer([_Entry(1, reach + 1, whole if reach + 1 < FAN_OUT else None)])
+        self._delete([f"{folder}/{name}" for name in stale if name != entry_name(1, reach + 1)] + [key] * legacy)
 
     def _put(self, key: str, first: int, last: int, data: bytes) -> None:
         try:
@@ -181,19 +219,26 @@ class SegmentLogs:
             raise Conflict(self.store.join(key), f"another writer wrote its entry {first}-{last} first") from None
 
     def _merge(self, key: str, writer: _Writer) -> None:
-        """Merge the last :data:`FAN_OUT` entries while they are of one size class (as a binary counter carries)."""
+        """Merge the last :data:`FAN_OUT` entries while they are of one size class (as a binary counter carries).
+        Only the lines of the smallest entries are kept in memory; larger ones are read back to be merged."""
         while len(writer.cover) >= FAN_OUT:
             run = writer.cover[-FAN_OUT:]
             if len({_size_class(e.first, e.last) for e in run}) != 1:
                 return
-            merged = _Entry(run[0].first, run[-1].last, b"".join(e.data for e in run))
-            self._put(key, merged.first, merged.last, merged.data)
-            writer.cover[-FAN_OUT:] = [merged]
+            data = b"".join(self._data(key, e) for e in run)
+            self._put(key, run[0].first, run[-1].last, data)
+            writer.cover[-FAN_OUT:] = [_Entry(run[0].first, run[-1].last, None)]
             self._delete([f"{folder_of(key)}/{entry_name(e.first, e.last)}" for e in run])
 
     def _delete(self, keys: list[str]) -> None:
         """Remove merged or superseded entries; a failure leaves them, to be passed over by readers."""
+        if not keys:
+            return
         try:
             self.store.delete_many(keys)
         except OSError as exc:
             _log.warning("could not remove %d merged entries of a log (%s); readers pass over them", len(keys), exc)
+
+
+class _Gone(OSError):
+    """An entry listed a moment ago is gone (merged away: a reader lists again; deleted: a writer fails)."""
