@@ -136,6 +136,7 @@ def one_driver(run_dir_of: Callable[[Any, Any], str]):
                 return run(grid, opts, check=DriverCheck(), **kwargs)
             check_writable(opts.storage)
             lock = driver_lock(run_dir)
+            store.own_logs(True)  # no other process writes the run's logs while this one holds its lock
             try:
                 return run(grid, opts, check=DriverCheck(lock), **kwargs)
             except BaseException as exc:
@@ -151,6 +152,7 @@ def one_driver(run_dir_of: Callable[[Any, Any], str]):
                             store.remove_root_if_empty()
                 raise
             finally:
+                store.own_logs(False)
                 lock.release()
 
         return locked

@@ -132,6 +132,11 @@ class Store(ABC):
         # log writers (a mutex, and what this process wrote) stay here; the copy starts as a new writer.
         return {k: v for k, v in self.__dict__.items() if k != "_segments"}
 
+    def own_logs(self, owned: bool) -> None:
+        """Say that this process holds the run's lease (``owned``) or no longer does: while it does, no other
+        process writes the store's logs, so a log it read once is read again without a request."""
+        self._segments.owned = owned
+
     def read_log(self, key: str) -> bytes | None:
         """The lines of the log at ``key``, or None when there is none. On disk a last line a killed writer cut
         may end them (a reader skips it; the next append cuts it)."""
@@ -267,6 +272,9 @@ class FolderStore(Store):
 
     def make_folder(self, key: str) -> None:
         self.parent.make_folder(self._at(key, root_ok=True))
+
+    def own_logs(self, owned: bool) -> None:
+        self.parent.own_logs(owned)
 
     def read_log(self, key: str) -> bytes | None:
         return self.parent.read_log(self._at(key))

@@ -131,6 +131,9 @@ class LocalStore(Store):
         return self.path(key).exists()
 
     # ------------------------------------------------------------------ logs: one file, appended to
+    def own_logs(self, owned: bool) -> None:
+        """Nothing to remember: a log file is read from the disk each time."""
+
     def read_log(self, key: str) -> bytes | None:
         """The log file's content, or None when there is none: a last line a killed writer cut may end it (readers
         skip it; the next append or a replacement cuts it)."""

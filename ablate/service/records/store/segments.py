@@ -68,6 +68,17 @@ class _Entry:
 
 
 @dataclass
+class _Seen:
+    """What a read of a log saw: the furthest entry number listed, the entries' names, the entries it took (None:
+    no log), and whether the log was a whole object of an earlier version."""
+
+    reach: int
+    names: list[str]
+    entries: list[_Entry] | None
+    legacy: bool
+
+
+@dataclass
 class _Writer:
     """What this process wrote of one log: the entries readers take, with their lines (merged from here)."""
 
@@ -107,9 +118,11 @@ class SegmentLogs:
     def __init__(self, store: Store):
         self.store = store
         self._writers: dict[str, _Writer] = {}
-        # key -> what this process's last read of a log it does not write saw: the furthest entry number listed, the
-        # entries' names, the log's lines (what its first write then starts from); the newest READS_KEPT logs
-        self._listed: collections.OrderedDict[str, tuple[int, list[str], bytes, bool]] = collections.OrderedDict()
+        # key -> what this process's last read of a log it does not write saw (the newest READS_KEPT logs)
+        self._listed: collections.OrderedDict[str, _Seen] = collections.OrderedDict()
+        #: Whether this process owns the store's logs (it holds the run's lease: no other process writes them), so
+        #: that a log read once is read again from memory until this process writes it
+        self.owned = False
         self._mutex = threading.RLock()
 
     # ------------------------------------------------------------------ reading
@@ -129,6 +142,9 @@ class SegmentLogs:
             writer = self._writers.get(key)
             if writer is not None:
                 return [_Entry(e.first, e.last, self._data(key, e)) for e in writer.cover]
+            if self.owned and key in self._listed:
+                self._listed.move_to_end(key)
+                return self._listed[key].entries
         folder = folder_of(key)
         for _ in range(READ_TRIES):
             names = self.store.list(folder, dirs=False)
@@ -136,8 +152,9 @@ class SegmentLogs:
             reach, numbered = _reach(names)
             if not taken:
                 legacy = self.store.get(key)
-                self._remember(key, (reach, numbered, b"" if legacy is None else legacy.data, legacy is not None))
-                return None if legacy is None else [_Entry(0, 0, legacy.data)]
+                entries = None if legacy is None else [_Entry(0, 0, legacy.data)]
+                self._remember(key, _Seen(reach, numbered, entries, legacy is not None))
+                return entries
             try:
                 entries = [_Entry(a, b, self._data(key, _Entry(a, b, None))) for a, b in taken]
             except _Gone:
@@ -146,11 +163,11 @@ class SegmentLogs:
                 missing = ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in gaps)
                 _log.warning("the log %s misses its entries %s (deleted?); read the rest", self.store.join(key),
                              missing)  # fmt: skip
-            self._remember(key, (reach, numbered, b"".join(e.data for e in entries), False))
+            self._remember(key, _Seen(reach, numbered, entries, False))
             return entries
         raise OSError(f"{self.store.join(key)}: its entries changed during each of {READ_TRIES} reads")
 
-    def _remember(self, key: str, seen: tuple[int, list[str], bytes, bool]) -> None:
+    def _remember(self, key: str, seen: _Seen) -> None:
         with self._mutex:
             self._listed[key] = seen
             self._listed.move_to_end(key)
@@ -201,8 +218,9 @@ class SegmentLogs:
         if writer is None:
             if key not in self._listed:
                 self._read(key)
-            reach, stale, read, legacy = self._listed.pop(key)
-            data = read if data is None else data
+            seen = self._listed.pop(key)
+            reach, stale, legacy = seen.reach, seen.names, seen.legacy
+            data = b"".join(e.data or b"" for e in seen.entries or []) if data is None else data
         else:  # a replacement (an append to a log this process writes is one entry)
             data = self.read(key) if data is None else data
             reach, stale, legacy = writer.cover[-1].last, [entry_name(e.first, e.last) for e in writer.cover], False
