@@ -323,6 +323,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--run-dirs", default="", help="overhead: comma-separated finished run directories")
     p.add_argument("--slots", type=int, help="overhead: trial slots the runs had (default: CPUs)")
     p.add_argument("--trials", type=int, default=1000, help="bookkeeping: number of smoke trials")
+    p.add_argument("--reports", type=int, default=100, help="object_store: reports of the measured trial's log")
+    p.add_argument("--status-trials", type=int, default=4, help="object_store: trials of the run `ablate status` reads")
     p.add_argument(
         "--record",
         default="local",
@@ -420,12 +422,17 @@ def main(argv: list[str] | None = None) -> int:
         rows = bench_running(args.pid, args.window) if args.pid else bench_ray_cpu(args.ray_grid, args.ray_scale)
         _print("where the cores go during `ablate run` (CPU seconds per process role)", rows)
     if "object_store" in parts:  # opt-in: a run's writes and reads on moto's S3 server (benchmarks/object_store.py)
-        from benchmarks.object_store import bench_object_store, versions
+        from benchmarks.object_store import bench_driver_capacity, bench_object_store, versions
 
         _print(
             "object storage: requests (moto's log), bytes (what the code writes and reads) and ms, S3 against local",
-            bench_object_store(reports=20 if args.quick else 100, checkpoints=5 if args.quick else 10),
+            bench_object_store(
+                reports=20 if args.quick else args.reports,
+                checkpoints=5 if args.quick else 10,
+                trials=args.status_trials,
+            ),
         )
+        _print("the driver's reports through a proxy adding 30 ms to every request", [bench_driver_capacity()])
         print(versions())
     if "profile" in parts:  # opt-in
         _print("profile of the reference step (B = 1000, d = 10)", bench_profile())

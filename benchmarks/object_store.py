@@ -65,6 +65,9 @@ class CountingStore(Store):
     def delete(self, key: str) -> None:
         self.inner.delete(key)
 
+    def delete_many(self, keys: builtins.list[str]) -> None:
+        self.inner.delete_many(keys)
+
     def delete_tree(self, prefix: str) -> None:
         self.inner.delete_tree(prefix)
 
@@ -100,6 +103,29 @@ def report_row(step: int, trial_id: str, config: dict[str, Any], d: int = D) -> 
                 "time_since_restore": 0.028929710388183594 * step, "timestamp": 1795873782 + step,
                 "training_iteration": step // 100})  # fmt: skip
     return row
+
+
+def finished_cover(reports: int) -> list[tuple[int, int]]:
+    """The entry a finished trial's log of ``reports`` lines is, appended one at a time and made one entry at its
+    end (:meth:`~ablate.service.records.record.TrialRecord.compact`): one entry reaching past every entry written."""
+    return [(1, appended_cover(reports)[-1][1] + 1)] if reports else []
+
+
+def appended_cover(reports: int) -> list[tuple[int, int]]:
+    """The entries (first, last) a log of ``reports`` lines appended one at a time in one process ends with: each
+    line an entry, :data:`~ablate.service.records.store.segments.FAN_OUT` entries of one size class merged into one
+    (the writer's own rule, replayed without a store)."""
+    from ablate.service.records.store import segments
+
+    cover: list[tuple[int, int]] = []
+    for n in range(1, reports + 1):
+        cover.append((n, n))
+        while len(cover) >= segments.FAN_OUT:
+            run = cover[-segments.FAN_OUT :]
+            if len({segments._size_class(a, b) for a, b in run}) != 1:
+                break
+            cover[-segments.FAN_OUT :] = [(run[0][0], run[-1][1])]
+    return cover
 
 
 def trial_config(seed: int) -> dict[str, Any]:
@@ -202,8 +228,9 @@ def bench_object_store(reports: int = 100, checkpoints: int = 10, trials: int = 
     from ablate.service.records.lease import Lease
     from ablate.service.records.reader import RunReader
     from ablate.service.records.record import TRIAL_LOCK, TrialRecord
-    from ablate.service.records.rundir import RUN_MARKER
+    from ablate.service.records.rundir import RESULT_FILE, RUN_MARKER
     from ablate.service.records.store import CloudStore, LocalStore
+    from ablate.service.records.store.segments import entry_name
     from ablate.service.records.trial import write_checkpoint
     from ablate.service.records.trial_log import json_text
 
@@ -229,6 +256,8 @@ def bench_object_store(reports: int = 100, checkpoints: int = 10, trials: int = 
         rows.append(_row(f"report, mean of {reports} (log of {log_bytes} B at the end)", reports, *_sum(each)))
         shown = sorted({n for n in REPORTS_SHOWN if n <= reports} | {reports})
         rows.extend(_row(f"report {n} (log {n} rows)", 1, *each[n - 1]) for n in shown)
+        rows.append(_on_both(meter, s3_record, local_record, "the log made one entry at the trial's end", 1,
+                             lambda r: r.compact()))  # fmt: skip
 
         # -- checkpoints at the reference model's size, keeping 2: each lists the folder and, from the third on,
         # deletes the oldest (a list and a bulk delete)
@@ -262,7 +291,14 @@ def bench_object_store(reports: int = 100, checkpoints: int = 10, trials: int = 
             for tid, cfg in configs.items():
                 record = TrialRecord(store, tid)
                 record.write_params(cfg)
-                record.rewrite([report_row(100 * (n + 1), tid, cfg) for n in range(reports)])
+                lines = [(json_text(report_row(100 * (n + 1), tid, cfg)) + "\n").encode() for n in range(reports)]
+                if isinstance(store, LocalStore):
+                    record.rewrite([report_row(100 * (n + 1), tid, cfg) for n in range(reports)])
+                    continue
+                for first, last in finished_cover(reports):  # what a finished trial's log is
+                    store.put(
+                        f"{record.name}/{RESULT_FILE}.d/{entry_name(first, last)}", b"".join(lines[first - 1 : last])
+                    )
 
         # -- an Optuna search's study: a trial asked (6 settings), told `reports` intermediate values, and told its
         # value, through the journal in the store (optuna.journal) against SQLite in a local optuna.db
@@ -325,3 +361,29 @@ def versions() -> str:
     import importlib.metadata as md
 
     return f"obstore {md.version('obstore')} (its S3 client makes the requests), moto {md.version('moto')}"
+
+
+def bench_driver_capacity(delay_s: float = 0.03, trials: int = 20, reports: int = 200) -> dict[str, Any]:
+    """How many trials reporting once a second the driver keeps current with every request ``delay_s`` slower (a
+    proxy on 127.0.0.1 in front of moto's server, :mod:`benchmarks.s3_proxy`): ``reports`` reports appended in
+    turn to ``trials`` trials' logs, as the driver's result log appends them (one thread, one after another), after
+    each trial's first report (which also lists its log). Reports a second is that number of trials."""
+    from ablate.service.records.record import TrialRecord
+    from ablate.service.records.store import CloudStore
+    from benchmarks.s3_proxy import s3_proxy
+
+    with tempfile.TemporaryDirectory(prefix="ablate-capacity-") as tmp, s3_server(tmp) as query:
+        with s3_proxy(query, delay_s=delay_s) as slow:
+            store = CloudStore(f"s3://runs/capacity/{uuid.uuid4().hex[:8]}?{slow}")
+            records = [TrialRecord(store, f"seed={i}") for i in range(trials)]
+            for i, record in enumerate(records):
+                record.append(report_row(100, record.id, trial_config(i)))
+            before = sum(slow.counts.values())
+            t = time.perf_counter()
+            for n in range(reports):
+                record = records[n % trials]
+                record.append(report_row(200 + 100 * (n // trials), record.id, trial_config(n % trials)))
+            wall = time.perf_counter() - t
+            made = sum(slow.counts.values()) - before
+    return {"delay_ms": 1000 * delay_s, "reports": reports, "requests_per_report": made / reports,
+            "ms_per_report": 1000 * wall / reports, "trials_kept_current_at_1_report_per_s": reports / wall}  # fmt: skip

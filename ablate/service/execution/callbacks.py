@@ -91,11 +91,14 @@ class ResultLog(Callback):
                 record.write_params({k: v for k, v in flat_params(trial.config).items() if k != RECORD_KEY})
 
     def on_trial_complete(self, iteration, trials, trial, **info):
-        """A trial the scheduler stopped before its stop settings (ASHA in a search): say so beside its log, so
-        it reads as finished, not interrupted."""
+        """A trial that ended: its log made one piece (in a bucket one entry, so that status and export read it in
+        one request), and, for a trial the scheduler stopped before its stop settings (ASHA in a search), say so
+        beside its log, so it reads as finished, not interrupted."""
+        self._check()
+        for record in _records(trial):
+            record.compact()
         if pack_members(trial.config):
             return
-        self._check()
         config = config_from_params(flat_params(trial.config))
         for record in _records(trial):
             rows = record.rows()

@@ -151,6 +151,11 @@ class TrialRecord:
         """Replace the log by ``rows``, atomically."""
         self.store.replace_log(self._key(RESULT_FILE), "".join(json_text(r) + "\n" for r in rows).encode("utf-8"))
 
+    def compact(self) -> None:
+        """Make the log one piece where it is kept in pieces (a bucket's entries: one PUT of the whole log, so a
+        reader reads it in one request); nothing on disk."""
+        self.store.compact_log(self._key(RESULT_FILE))
+
     def cut(self, step: int) -> tuple[int, int]:
         """Keep the log's intact rows up to ``step`` (a continued trial reports the rest again); (rows before,
         rows kept)."""

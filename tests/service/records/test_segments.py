@@ -84,6 +84,17 @@ def test_entries_are_merged_as_they_pile_up_and_read_in_few_requests(bucket, mon
     assert bucket.log_tail(KEY).endswith(line(69))
 
 
+def test_a_finished_log_is_made_one_entry_that_a_reader_reads_in_one_request(bucket, monkeypatch):
+    monkeypatch.setattr(segments, "FAN_OUT", 4)
+    for i in range(10):
+        bucket.append_log(KEY, line(i))
+    assert len(entries(bucket)) > 1
+    bucket.compact_log(KEY)
+    assert len(entries(bucket)) == 1 and SegmentLogs(bucket).read(KEY) == lines(*range(10))
+    bucket.append_log(KEY, line(10))  # a log goes on after it (a trial extended later)
+    assert SegmentLogs(bucket).read(KEY) == bucket.read_log(KEY) == lines(*range(11))
+
+
 def test_a_new_writer_fences_off_an_earlier_one_which_stops_and_never_overwrites_it(bucket):
     """Two processes writing one log (a driver whose lease was taken over, carrying on): each writer is a
     SegmentLogs of its own. The new one's first write reaches past every entry there; the earlier one's next

@@ -155,6 +155,11 @@ class Store(ABC):
         """Make ``data`` (whole lines) the whole log at ``key``, atomically."""
         self._segments.replace(key, data)
 
+    def compact_log(self, key: str) -> None:
+        """Make the log at ``key`` one piece, as this process wrote it (a log it finished writing): one entry, so
+        a reader reads it in one request. Nothing where a log is one file."""
+        self._segments.compact(key)
+
     def make_folder(self, key: str) -> None:
         """Create the folder ``key`` where folders are real (on disk); elsewhere a write makes its folder."""
         return None
@@ -287,6 +292,9 @@ class FolderStore(Store):
 
     def replace_log(self, key: str, data: bytes) -> None:
         self.parent.replace_log(self._at(key), data)
+
+    def compact_log(self, key: str) -> None:
+        self.parent.compact_log(self._at(key))
 
     def lock(self, key: str, *, ttl_s: float) -> PidLock | Lease:
         return self.parent.lock(self._at(key), ttl_s=ttl_s)

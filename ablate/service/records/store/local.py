@@ -174,6 +174,9 @@ class LocalStore(Store):
         """Replace the file whole (a temporary renamed into place)."""
         self.put(key, data)
 
+    def compact_log(self, key: str) -> None:
+        """Nothing to do: a log on disk is one file."""
+
     def make_folder(self, key: str) -> None:
         """Create the folder ``key`` (and its parents)."""
         self.path(key_of(key)).mkdir(parents=True, exist_ok=True)

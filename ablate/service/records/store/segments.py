@@ -209,6 +209,14 @@ class SegmentLogs:
         with self._mutex:
             self._start(key, data, b"")
 
+    def compact(self, key: str) -> None:
+        """Write a log this process writes as one entry, when it is in more than one (see :meth:`replace`); a log it
+        does not write is left as it is."""
+        with self._mutex:
+            writer = self._writers.get(key)
+            if writer is not None and len(writer.cover) > 1:
+                self._start(key, self.read(key), b"")
+
     def _start(self, key: str, data: bytes | None, line: bytes) -> None:
         """Write the log as one entry ``[1, M]``: ``data`` (None: the log as last read in this process) followed by
         ``line``. ``M`` reaches past every entry this process listed (at its last read of the log, after it took
