@@ -365,6 +365,7 @@ def _stdout_to_devnull() -> None:
 def _main(argv: list[str] | None) -> int:
     from ablate.core.dgp import LowAcceptanceError
     from ablate.service.records.rundir import RunError, WriteError
+    from ablate.service.records.store import StoreError
     from ablate.service.specs.grids import GridError
     from ablate.service.specs.presets import PresetError
 
@@ -373,6 +374,9 @@ def _main(argv: list[str] | None) -> int:
     try:
         return int(args.func(args) or 0)
     except WriteError as exc:  # a full disk, a read-only --out: what could not be written, and why
+        print(f"ablate: error: {error_text(exc)}", file=sys.stderr)
+        return 1
+    except StoreError as exc:  # a bucket that cannot be reached or read (after its client's retries)
         print(f"ablate: error: {error_text(exc)}", file=sys.stderr)
         return 1
     except (ConfigError, GridError, PresetError, RunError, LowAcceptanceError) as exc:

@@ -96,3 +96,25 @@ def test_ablate_run_on_a_store_that_drops_conditions_fails_in_one_line_before_ra
     assert "If-None-Match" in last, last
     assert not list((tmp_path / "raytmp").glob("ray/session_*")), "Ray started"
     assert not CloudStore(f"s3://runs/x?{s3_query}").exists(""), "the refused run left objects in the bucket"
+
+
+def test_a_store_that_cannot_be_reached_is_one_line_in_every_command(tmp_path):
+    """Nothing listens at the endpoint (a store down, a wrong port): after the client's retries (the URI's
+    ``retry_timeout``, 1 s here) ``status``, ``export`` and ``run --resume`` each say so in one line naming the
+    object, exit non-zero, and show no traceback. No Ray starts (the storage is checked first)."""
+    import socket
+
+    with socket.socket() as s:  # a port with nothing behind it
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    storage = f"s3://runs/lab?endpoint_override=127.0.0.1:{port}&scheme=http&region=us-east-1&retry_timeout=1"
+    run = storage.replace("/lab?", "/lab/batch_vs_dim-smoke?")
+    ablate = str(Path(sys.executable).with_name("ablate"))
+    env = {**os.environ, **CREDENTIALS, "RAY_TMPDIR": str(tmp_path / "ray")}
+    for argv in (["status", run], ["export", run], ["run", "batch_vs_dim", "--scale", "smoke", "--storage", storage,
+                                                    "--resume"]):  # fmt: skip
+        proc = subprocess.run([ablate, *argv], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode != 0 and "Traceback" not in proc.stderr, (argv, proc.stderr[-3000:])
+        assert lines and lines[-1].startswith("ablate: error: ") and f"127.0.0.1:{port}" in lines[-1], (argv, lines)
+    assert not (tmp_path / "ray").exists()

@@ -20,6 +20,7 @@ from ablate.service.records.store.base import (
     Match,
     PutMode,
     Store,
+    StoreError,
     check_conditional,
 )
 from ablate.service.records.store.cloud import CloudStore
@@ -38,6 +39,7 @@ __all__ = [
     "MemoryStore",
     "PutMode",
     "Store",
+    "StoreError",
     "as_store",
     "check_conditional",
     "open_store",

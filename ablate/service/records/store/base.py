@@ -25,7 +25,18 @@ if TYPE_CHECKING:
     from ablate.service.records.pidlock import PidLock
     from ablate.service.records.store.segments import SegmentLogs
 
-__all__ = ["CREATE", "OVERWRITE", "Conflict", "FolderStore", "Got", "Match", "PutMode", "Store", "check_conditional"]
+__all__ = [
+    "CREATE",
+    "OVERWRITE",
+    "StoreError",
+    "Conflict",
+    "FolderStore",
+    "Got",
+    "Match",
+    "PutMode",
+    "Store",
+    "check_conditional",
+]
 
 #: :meth:`Store.put` mode: replace whatever is there.
 OVERWRITE = "overwrite"
@@ -49,6 +60,11 @@ class Got(NamedTuple):
 
     data: bytes
     version: str
+
+
+class StoreError(OSError):
+    """The store could not be read or reached (after its client's retries): one line naming the file or the store
+    and the reason, which every command shows as it is."""
 
 
 class Conflict(Exception):

@@ -4,7 +4,8 @@
 Each operation is one request: a GET returns the bytes with their ETag (and GCS's generation), a PUT is atomic and
 may be conditional (S3's ``If-None-Match: *`` and ``If-Match``, GCS's ``ifGenerationMatch``). Requests time out
 (:data:`TIMEOUT`) and are retried with backoff by obstore for up to :data:`RETRY_TIMEOUT` (a refused connection, a
-5xx, a timeout), so a store that blinks is waited for and a store that is unreachable fails in one line. Options of
+5xx, a timeout; the URI's ``retry_timeout=SECONDS`` sets it), so a store that blinks is waited for and a store that
+is unreachable fails in one line. Options of
 the URI's query (``s3://bucket/prefix?endpoint_override=127.0.0.1:9000&scheme=http&region=us-east-1``, as pyarrow
 and Ray name them) are read by :func:`client_config`; credentials come from the environment (``AWS_*``,
 ``GOOGLE_*``) as the clouds' SDKs read them.
@@ -21,7 +22,7 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 from ablate.files import WriteError
-from ablate.service.records.store.base import Got, Match, PutMode, Store, key_of
+from ablate.service.records.store.base import Got, Match, PutMode, Store, StoreError, key_of
 
 __all__ = ["RETRY_TIMEOUT", "TIMEOUT", "CloudStore", "client_config"]
 
@@ -39,6 +40,8 @@ BACKOFF = {"init_backoff": timedelta(milliseconds=250), "max_backoff": timedelta
 #: The query options of an ``s3://`` URI ablate reads (pyarrow's names), and those it accepts and ignores.
 S3_OPTIONS = ("endpoint_override", "scheme", "region", "access_key", "secret_key", "session_token", "anonymous")
 IGNORED_OPTIONS = ("allow_delayed_open", "allow_bucket_creation", "allow_bucket_deletion")
+#: The query option that sets how long a failing request is retried, in seconds (default :data:`RETRY_TIMEOUT`).
+RETRY_OPTION = "retry_timeout"
 
 
 def _split(uri: str) -> tuple[str, str, str, str]:
@@ -53,16 +56,28 @@ def _split(uri: str) -> tuple[str, str, str, str]:
     return scheme, bucket, prefix.strip("/"), query
 
 
-def client_config(uri: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The obstore store config and client options that the query of ``uri`` asks for; ValueError naming an
-    option ablate does not know and those it does."""
+def client_config(uri: str) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """The obstore store config, client options and retry config that the query of ``uri`` asks for; ValueError
+    naming an option ablate does not know (and those it does) or a bad value."""
     scheme, _bucket, _prefix, query = _split(uri)
     options = dict(parse_qsl(query, keep_blank_values=True))
-    known = S3_OPTIONS if scheme == "s3" else ()
+    known = (*S3_OPTIONS, RETRY_OPTION) if scheme == "s3" else (RETRY_OPTION,)
     for name in options:
         if name not in known and name not in IGNORED_OPTIONS:
-            allowed = ", ".join(known) or "none"
-            raise ValueError(f"{uri!r}: the option {name!r} is not one ablate reads for {scheme}:// ({allowed})")
+            raise ValueError(
+                f"{uri!r}: the option {name!r} is not one ablate reads for {scheme}:// ({', '.join(known)})"
+            )
+    retry: dict[str, Any] = {"max_retries": MAX_RETRIES, "retry_timeout": RETRY_TIMEOUT, "backoff": BACKOFF}
+    if RETRY_OPTION in options:
+        try:
+            seconds = float(options[RETRY_OPTION])
+            if not 0 <= seconds <= 600:
+                raise ValueError
+        except ValueError:
+            raise ValueError(
+                f"{uri!r}: {RETRY_OPTION} is seconds from 0 to 600, not {options[RETRY_OPTION]!r}"
+            ) from None
+        retry["retry_timeout"] = timedelta(seconds=seconds)
     client: dict[str, Any] = {"timeout": TIMEOUT, "connect_timeout": CONNECT_TIMEOUT}
     config: dict[str, Any] = {}
     if scheme == "s3":
@@ -76,7 +91,7 @@ def client_config(uri: str) -> tuple[dict[str, Any], dict[str, Any]]:
         config.update({names[k]: v for k, v in options.items() if k in names})
         if options.get("anonymous", "").lower() in ("1", "true"):
             config["skip_signature"] = True
-    return config, client
+    return config, client, retry
 
 
 #: The store's error codes that a person reads better in words.
@@ -92,9 +107,16 @@ def _message(exc: BaseException) -> str:
     code = re.search(r"<Code>([^<]+)</Code>", text)
     if status:
         said = _CODES.get(code[1], code[1]) if code else None
+        if said is None and status[1][:3] in ("401", "403"):
+            said = "check the credentials (AWS_* or GOOGLE_* in the environment, or the URI's access_key/secret_key)"
         return ", ".join([status[1].strip(), *([said] if said else [])])
     first = text.split("\n\nDebug source:")[0].split("\n")[0]
-    return " ".join(first.rsplit(" - ", 1)[-1].split())[:300]
+    reason = " ".join(first.rsplit(" - ", 1)[-1].split())[:300]
+    host = re.search(r"Error performing \w+ (\w+://[^/\s]+)", first)
+    retried = re.search(r"in ([\d.]+)s, after (\d+) retries", first)
+    if host and retried:  # no answer: a refused connection, a timeout (after the client's retries)
+        return f"no answer from {host[1]} in {float(retried[1]):.0f} s and {retried[2]} retries ({reason})"
+    return reason
 
 
 class CloudStore(Store):
@@ -120,8 +142,7 @@ class CloudStore(Store):
                 raise RuntimeError(
                     f"{self.uri}: a run in a bucket needs obstore: pip install 'ablate[cloud]'"
                 ) from None
-            config, client = client_config(self.uri)
-            retry = {"max_retries": MAX_RETRIES, "retry_timeout": RETRY_TIMEOUT, "backoff": BACKOFF}
+            config, client, retry = client_config(self.uri)
             kind = S3Store if self.scheme == "s3" else GCSStore
             self._client = kind(self.bucket, prefix=self.prefix or None, config=config or None,
                                 client_options=client, retry_config=retry)  # fmt: skip
@@ -148,7 +169,7 @@ class CloudStore(Store):
             where = self.join(key) if key else self.uri
             if write:
                 raise WriteError(None, _message(exc), where) from None
-            raise OSError(f"{where}: {_message(exc)}") from None
+            raise StoreError(f"{where}: {_message(exc)}") from None
 
     def get(self, key: str) -> Got | None:
         """The object's content and version (ETag, and GCS's generation) in one GET; None when there is none."""
