@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from ablate.service.records.store import OVERWRITE, Got, PutMode, Store
+from ablate.service.records.store.bucket import BucketStore
 from benchmarks.s3_server import request_counts, s3_server
 
 #: The HTTP methods the table gives a column each (obstore's S3 client uses no other here).
@@ -44,7 +45,7 @@ REPORTS_SHOWN = (1, 10, 100, 1000)
 D = 10
 
 
-class CountingStore(Store):
+class CountingStore(BucketStore):
     """A store that passes every call to ``inner`` and counts the bytes written (``up``) and read (``down``)."""
 
     def __init__(self, inner: Store):
@@ -225,11 +226,11 @@ def _on_both(meter: _Meter, remote: Any, local: Any, what: str, ops: int, run: C
 def bench_object_store(reports: int = 100, checkpoints: int = 10, trials: int = 4) -> list[dict[str, Any]]:
     """Requests, bytes and wall time of a trial's and a status read's operations on moto's S3 against a local
     folder (see the module's note); a row per operation. Needs moto's server (RuntimeError without it)."""
-    from ablate.service.records.lease import Lease
     from ablate.service.records.reader import RunReader
     from ablate.service.records.record import TRIAL_LOCK, TrialRecord
     from ablate.service.records.rundir import RESULT_FILE, RUN_MARKER
     from ablate.service.records.store import CloudStore, LocalStore
+    from ablate.service.records.store.lease import Lease
     from ablate.service.records.store.segments import entry_name
     from ablate.service.records.trial import write_checkpoint
     from ablate.service.records.trial_log import json_text

@@ -8,7 +8,7 @@ the lock when the driver's process ends however it ends, so a dead driver never 
 ``ablate status`` reads "running" only while the lock is held.
 
 A bucket (``s3://``, ``gs://``) has no lock: there the same key holds a lease instead (the store's
-:meth:`~ablate.service.records.store.Store.lock`, :mod:`ablate.service.records.lease`), taken and renewed by
+:meth:`~ablate.service.records.store.Store.lock`, :mod:`ablate.service.records.store.lease`), taken and renewed by
 conditional puts every :data:`DRIVER_TTL_S` / 3 seconds and marked released at the end. A second driver is refused
 at once while the holder is known alive (its pid on this machine, or its lease seen renewed); a holder on another
 machine is watched for up to :data:`DRIVER_TTL_S` seconds (said in one line), and a lease unchanged that long is
@@ -26,10 +26,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ablate.service.records.lease import Lease, LeaseLost
 from ablate.service.records.pidlock import LockHeld, PidLock
 from ablate.service.records.rundir import DRIVER_LOCK, RunError, check_writable
 from ablate.service.records.store import as_store
+from ablate.service.records.store.lease import Lease, LeaseLost
 
 __all__ = ["DRIVER_TTL_S", "DriverCheck", "busy_message", "driver_lock", "lease_lost", "one_driver"]
 

@@ -9,7 +9,7 @@ opens it close-on-exec), so Ray's processes never keep a dead driver's lock.
 
 Limits: a lock needs a local file system, or NFS (Linux emulates ``flock`` with NFS byte-range locks there).
 Object stores (``s3://``, ``gs://``) have no locks at all: a run directory there is kept by a lease with a heartbeat
-in their place (:mod:`ablate.service.records.lease`), which expires rather than being released by a kernel.
+in their place (:mod:`ablate.service.records.store.lease`), which expires rather than being released by a kernel.
 """
 
 from __future__ import annotations
@@ -130,7 +130,7 @@ class PidLock:
 
     def check(self) -> None:
         """Nothing to check: an ``flock`` is held until released (as :meth:`Lease.check
-        <ablate.service.records.lease.Lease.check>` is asked, before a write)."""
+        <ablate.service.records.store.lease.Lease.check>` is asked, before a write)."""
 
     def __enter__(self) -> PidLock:
         return self.acquire()

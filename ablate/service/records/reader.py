@@ -9,7 +9,6 @@ import os
 from typing import Any
 
 from ablate.marker import marker_problem
-from ablate.service.records.lease import TTL_S
 from ablate.service.records.rundir import (
     DRIVER_LOCK,
     ERROR_FILE,
@@ -25,6 +24,7 @@ from ablate.service.records.rundir import (
     RunError,
 )
 from ablate.service.records.store import Store, open_store
+from ablate.service.records.store.lease import TTL_S
 from ablate.service.records.trial_log import ERROR_KEY, failure_count, finished, intact_rows, parse_rows, trial_status
 
 __all__ = ["RunReader", "read_marker"]

@@ -1,5 +1,5 @@
 """The lease that keeps one writer on a store without locks (issue 47, "The record on object storage by
-compare-and-swap"): :class:`ablate.service.records.lease.Lease` over a store in memory, a local folder and a real S3
+compare-and-swap"): :class:`ablate.service.records.store.lease.Lease` over a store in memory, a local folder and a real S3
 server (moto's, on 127.0.0.1: tests/s3_server.py). Its safety rests on conditional puts alone: time is injected as
 a fake monotonic clock (how long a waiter has watched) and a wall clock that only what is shown to people reads,
 except where processes race, pause or heartbeat in real time. No Ray."""
@@ -25,15 +25,15 @@ import pytest
 import s3_server
 from s3_server import fresh_s3_uri
 
-import ablate.service.records.lease as lease_module
+import ablate.service.records.store.lease as lease_module
 from ablate.service.records.driver_lock import busy_message
-from ablate.service.records.lease import Lease, LeaseLost, holder
 from ablate.service.records.pidlock import LockHeld
 from ablate.service.records.store import CREATE, CloudStore, LocalStore, Match, MemoryStore, Store
+from ablate.service.records.store.lease import Lease, LeaseLost, holder
 
 KEY = "ablate_driver.lock"
 TTL = 60.0
-LOGGER = "ablate.service.records.lease"
+LOGGER = "ablate.service.records.store.lease"
 ELSEWHERE = "another-boot-id/pid:[4026531836]"
 
 s3_query = s3_server.s3_query  # the module's S3 server (a fixture)
@@ -363,7 +363,7 @@ def test_two_processes_racing_for_a_lease_100_times_one_wins_each_time(store):
 PAUSED_HOLDER = textwrap.dedent(
     """
     import sys, time
-    from ablate.service.records.lease import Lease, LeaseLost
+    from ablate.service.records.store.lease import Lease, LeaseLost
     from ablate.service.records.store import Conflict, Match, open_store
     store = open_store(sys.argv[1])
     lease = Lease(store, "writer.lock", ttl_s=float(sys.argv[2])).acquire().start_heartbeat()

@@ -31,7 +31,6 @@ from ablate import cli
 from ablate.analysis.results import load_results
 from ablate.service.execution.callbacks import ResultLog
 from ablate.service.records.driver_lock import DRIVER_TTL_S, DriverCheck, busy_message, driver_lock, one_driver
-from ablate.service.records.lease import LeaseLost
 from ablate.service.records.reader import RunReader
 from ablate.service.records.record import TRIAL_LOCK
 from ablate.service.records.rundir import (
@@ -47,6 +46,7 @@ from ablate.service.records.rundir import (
     resolve_run_dir,
 )
 from ablate.service.records.store import as_store
+from ablate.service.records.store.lease import LeaseLost
 from ablate.service.records.store.segments import folder_of
 from ablate.service.specs.params import RECORD_KEY
 

@@ -253,7 +253,7 @@ def test_run_reader_reads_the_same_run_through_both_stores(tmp_path, s3_query):
 
 
 def test_conditional_writes_are_a_compare_and_swap(store):
-    """The leases and fencing rest on these (ablate.service.records.lease): a create-only put writes once, a put
+    """The leases and fencing rest on these (ablate.service.records.store.lease): a create-only put writes once, a put
     matched on a version writes only while the file is still that version, a failed condition raises Conflict and
     changes nothing, and a put's version is the one a following get reports."""
     first = store.put("lease.json", b"first", CREATE)

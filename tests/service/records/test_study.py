@@ -15,9 +15,9 @@ from optuna.storages.journal import JournalFileBackend, JournalStorage
 from s3_server import fresh_s3_uri
 
 from ablate.service.records import study as study_mod
-from ablate.service.records.lease import LeaseLost
 from ablate.service.records.rundir import DRIVER_LOCK, OPTUNA_DB, STUDY_JOURNAL, has_study, study_file
 from ablate.service.records.store import as_store
+from ablate.service.records.store.lease import LeaseLost
 from ablate.service.records.study import StoreJournal, flush_study, load_study, study_storage
 
 s3_query = s3_server.s3_query  # the module's S3 server (a fixture)

@@ -2,7 +2,7 @@
 (:class:`LocalStore`), a bucket (:class:`CloudStore`: ``s3://``, ``gs://``) or this process's memory
 (:class:`MemoryStore`: ``memory://``). :func:`open_store` picks one for a path or URI; above this package nothing
 asks which it has. Every write is of a whole file, atomic, and may be conditional (create-only, or only while the
-file is the version read): the record's locks and fencing rest on that (:mod:`ablate.service.records.lease`).
+file is the version read): the record's locks and fencing rest on that (:mod:`ablate.service.records.store.lease`).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from ablate.service.records.store.base import (
     Conflict,
     FolderStore,
     Got,
+    Lock,
     Match,
     PutMode,
     Store,
@@ -35,6 +36,7 @@ __all__ = [
     "FolderStore",
     "Got",
     "LocalStore",
+    "Lock",
     "Match",
     "MemoryStore",
     "PutMode",

@@ -13,17 +13,11 @@ delete raises an OSError (:class:`ablate.files.WriteError` for a write) naming t
 from __future__ import annotations
 
 import builtins
-import functools
 import os
 import secrets
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple
-
-if TYPE_CHECKING:
-    from ablate.service.records.lease import Lease
-    from ablate.service.records.pidlock import PidLock
-    from ablate.service.records.store.segments import SegmentLogs
+from typing import NamedTuple, Protocol
 
 __all__ = [
     "CREATE",
@@ -53,6 +47,21 @@ class Match:
 
 
 PutMode = str | Match
+
+
+class Lock(Protocol):
+    """One writer at a time (:meth:`Store.lock`): an ``flock`` on disk (:class:`~ablate.service.records.pidlock.
+    PidLock`), a lease in a bucket (:class:`~ablate.service.records.store.lease.Lease`). ``acquire`` raises
+    :class:`~ablate.service.records.pidlock.LockHeld` naming the holder; ``check`` raises when the lock was lost
+    (a lease taken over) and is called before each write under it."""
+
+    def acquire(self) -> Lock: ...
+
+    def start_heartbeat(self) -> Lock: ...
+
+    def check(self) -> None: ...
+
+    def release(self) -> None: ...
 
 
 class Got(NamedTuple):
@@ -134,47 +143,47 @@ class Store(ABC):
         for key in keys:
             self.delete(key)
 
-    # ------------------------------------------------------------------ logs
-    # An append-only log of lines: on disk one file appended to; on a store without append, numbered entries
-    # written create-only and merged (:mod:`ablate.service.records.store.segments`).
-    @functools.cached_property
-    def _segments(self) -> SegmentLogs:
-        from ablate.service.records.store.segments import SegmentLogs
-
-        return SegmentLogs(self)
-
-    def __getstate__(self) -> dict[str, Any]:
-        # A store travels pickled (to Ray's workers, in Tune's snapshots of a scheduler holding a RunRecord): its
-        # log writers (a mutex, and what this process wrote) stay here; the copy starts as a new writer.
-        return {k: v for k, v in self.__dict__.items() if k != "_segments"}
-
+    # ------------------------------------------------------------------ logs and locks: each backend's own
+    # An append-only log of lines: on disk one file appended to (:class:`~.local.LocalStore`); in a bucket numbered
+    # entries written create-only and merged (:class:`~.bucket.BucketStore`, :mod:`~.segments`).
     def own_logs(self, owned: bool) -> None:
-        """Say that this process holds the run's lease (``owned``) or no longer does: while it does, no other
-        process writes the store's logs, so a log it read once is read again without a request."""
-        self._segments.owned = owned
+        """Say that this process holds the run's lock (``owned``) or no longer does: while it does, no other
+        process writes the store's logs, so a log it read once may be read again without a request."""
+        raise NotImplementedError
 
     def read_log(self, key: str) -> bytes | None:
         """The lines of the log at ``key``, or None when there is none. On disk a last line a killed writer cut
         may end them (a reader skips it; the next append cuts it)."""
-        return self._segments.read(key)
+        raise NotImplementedError
 
     def log_tail(self, key: str) -> bytes | None:
         """Whole lines that end the log at ``key`` (at least its last line, when it has one), or None."""
-        return self._segments.tail(key)
+        raise NotImplementedError
 
     def append_log(self, key: str, lines: bytes) -> None:
         """Add ``lines`` (whole lines, each ending with a newline) to the log at ``key``, creating it; atomic (a
         reader sees them all or none). :class:`Conflict` when another writer superseded this one's log."""
-        self._segments.append(key, lines)
+        raise NotImplementedError
 
     def replace_log(self, key: str, data: bytes) -> None:
         """Make ``data`` (whole lines) the whole log at ``key``, atomically."""
-        self._segments.replace(key, data)
+        raise NotImplementedError
 
     def compact_log(self, key: str) -> None:
-        """Make the log at ``key`` one piece, as this process wrote it (a log it finished writing): one entry, so
-        a reader reads it in one request. Nothing where a log is one file."""
-        self._segments.compact(key)
+        """Make the log at ``key`` one piece, as this process wrote it (a log it finished writing), so a reader
+        reads it in one request. Nothing where a log is one file."""
+        raise NotImplementedError
+
+    def lock(self, key: str, *, ttl_s: float) -> Lock:
+        """The one-writer lock at ``key``: an ``flock`` on disk; in a bucket a
+        :class:`~ablate.service.records.store.lease.Lease` (taken and renewed by conditional puts; ``ttl_s`` how long a
+        waiter watches one version). Both have ``acquire``, ``release``, ``check`` and ``start_heartbeat``."""
+        raise NotImplementedError
+
+    def lock_holder(self, key: str, *, ttl_s: float) -> dict | None:
+        """Who holds the lock at ``key`` ({pid, host, since, …}), or None when nobody does, as far as one read
+        tells."""
+        raise NotImplementedError
 
     def make_folder(self, key: str) -> None:
         """Create the folder ``key`` where folders are real (on disk); elsewhere a write makes its folder."""
@@ -188,21 +197,6 @@ class Store(ABC):
     def remove_root_if_empty(self) -> None:
         """Remove the root folder when nothing is in it (where folders are real; elsewhere nothing to do)."""
         return None
-
-    def lock(self, key: str, *, ttl_s: float) -> PidLock | Lease:
-        """The one-writer lock at ``key``: a :class:`~ablate.service.records.lease.Lease` (taken and renewed by
-        conditional puts; ``ttl_s`` its lifetime without a renewal). A store with real locks (a local disk) gives an
-        ``flock`` instead. Both have ``acquire``, ``release`` and ``check``."""
-        from ablate.service.records.lease import Lease
-
-        return Lease(self, key, ttl_s=ttl_s)
-
-    def lock_holder(self, key: str, *, ttl_s: float) -> dict | None:
-        """Who holds the lock at ``key`` ({pid, host, since, …}), or None when nobody does, as far as one read
-        tells (:func:`ablate.service.records.lease.holder`)."""
-        from ablate.service.records.lease import holder
-
-        return holder(self, key, ttl_s=ttl_s)
 
     def read_bytes(self, key: str) -> bytes | None:
         """The file's content, or None when there is no file at ``key``."""
@@ -234,7 +228,7 @@ def check_conditional(store: Store) -> None:
     """Prove that ``store`` honours conditional writes, with a probe object created, created again, matched on a
     wrong version and removed: a second create that succeeds (a store that ignores ``If-None-Match``) or a match
     that writes over another version raises RuntimeError naming what the store lacks. A lease and every write under
-    it rest on these (module :mod:`ablate.service.records.lease`)."""
+    it rest on these (module :mod:`ablate.service.records.store.lease`)."""
     probe = f".ablate-cas-test-{os.getpid()}-{secrets.token_hex(4)}"
     try:
         first = store.put(probe, b"1", CREATE)
@@ -312,7 +306,7 @@ class FolderStore(Store):
     def compact_log(self, key: str) -> None:
         self.parent.compact_log(self._at(key))
 
-    def lock(self, key: str, *, ttl_s: float) -> PidLock | Lease:
+    def lock(self, key: str, *, ttl_s: float) -> Lock:
         return self.parent.lock(self._at(key), ttl_s=ttl_s)
 
     def lock_holder(self, key: str, *, ttl_s: float) -> dict | None:

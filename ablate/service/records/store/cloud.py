@@ -22,7 +22,8 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 from ablate.files import WriteError
-from ablate.service.records.store.base import Got, Match, PutMode, Store, StoreError, key_of
+from ablate.service.records.store.base import Got, Match, PutMode, StoreError, key_of
+from ablate.service.records.store.bucket import BucketStore
 
 __all__ = ["RETRY_TIMEOUT", "TIMEOUT", "CloudStore", "client_config"]
 
@@ -119,7 +120,7 @@ def _message(exc: BaseException) -> str:
     return reason
 
 
-class CloudStore(Store):
+class CloudStore(BucketStore):
     """Objects under ``s3://bucket/prefix`` or ``gs://bucket/prefix`` (options in the URI's query: see the module).
     The client is made on first use, and again after unpickling (a store travels to Ray's workers)."""
 

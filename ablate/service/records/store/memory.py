@@ -9,12 +9,13 @@ import itertools
 import threading
 from typing import ClassVar
 
-from ablate.service.records.store.base import CREATE, Got, Match, PutMode, Store, key_of
+from ablate.service.records.store.base import CREATE, Got, Match, PutMode, key_of
+from ablate.service.records.store.bucket import BucketStore
 
 __all__ = ["MemoryStore"]
 
 
-class MemoryStore(Store):
+class MemoryStore(BucketStore):
     """Files held in memory under ``memory://NAME``; one shared dictionary per name in a process."""
 
     _files: ClassVar[dict[str, dict[str, Got]]] = {}

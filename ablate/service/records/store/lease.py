@@ -43,7 +43,7 @@ from ablate.service.records.store.base import CREATE, Conflict, Got, Match, PutM
 
 __all__ = ["TTL_S", "Lease", "LeaseLost", "holder", "machine"]
 
-_log = logging.getLogger("ablate.service.records.lease")
+_log = logging.getLogger("ablate.service.records.store.lease")
 
 #: Default lifetime of a lease version: a waiter that sees one version this long calls the lease stale.
 TTL_S = 60.0

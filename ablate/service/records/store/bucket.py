@@ -1,0 +1,56 @@
+"""What every store without append or locks shares (a bucket, ``s3://`` and ``gs://``; ``memory://``):
+:class:`BucketStore`, whose logs are numbered entries written create-only and merged
+(:mod:`ablate.service.records.store.segments`) and whose lock is a lease taken and renewed by conditional puts
+(:mod:`ablate.service.records.store.lease`). A backend gives the whole-file operations of
+:class:`~ablate.service.records.store.base.Store`; this class builds the rest on them.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from ablate.service.records.store.base import Store
+from ablate.service.records.store.lease import Lease, holder
+from ablate.service.records.store.segments import SegmentLogs
+
+__all__ = ["BucketStore"]
+
+
+class BucketStore(Store):
+    """A store whose logs are entries and whose lock is a lease (see the module)."""
+
+    @functools.cached_property
+    def _segments(self) -> SegmentLogs:
+        return SegmentLogs(self)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A store travels pickled (to Ray's workers, in Tune's snapshots of a scheduler holding a RunRecord): its
+        # log writers (a mutex, and what this process wrote) stay here; the copy starts as a new writer.
+        return {k: v for k, v in self.__dict__.items() if k != "_segments"}
+
+    def own_logs(self, owned: bool) -> None:
+        self._segments.owned = owned
+
+    def read_log(self, key: str) -> bytes | None:
+        return self._segments.read(key)
+
+    def log_tail(self, key: str) -> bytes | None:
+        return self._segments.tail(key)
+
+    def append_log(self, key: str, lines: bytes) -> None:
+        self._segments.append(key, lines)
+
+    def replace_log(self, key: str, data: bytes) -> None:
+        self._segments.replace(key, data)
+
+    def compact_log(self, key: str) -> None:
+        self._segments.compact(key)
+
+    def lock(self, key: str, *, ttl_s: float) -> Lease:
+        """A :class:`~ablate.service.records.store.lease.Lease` at ``key``."""
+        return Lease(self, key, ttl_s=ttl_s)
+
+    def lock_holder(self, key: str, *, ttl_s: float) -> dict | None:
+        """Who holds the lease at ``key`` as one read tells (:func:`ablate.service.records.store.lease.holder`)."""
+        return holder(self, key, ttl_s=ttl_s)
