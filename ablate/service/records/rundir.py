@@ -195,8 +195,9 @@ def study_file(run_dir: str | os.PathLike) -> str:
 
 def has_study(run_dir: str | os.PathLike) -> bool:
     """Whether the run directory holds a study file (:func:`study_file`)."""
-    if is_remote(str(run_dir)):
-        return as_store(str(run_dir)).exists(STUDY_JOURNAL)
+    if is_remote(str(run_dir)):  # the journal's log entries (optuna.journal.d/), or an earlier version's object
+        store = as_store(str(run_dir))
+        return store.exists(f"{STUDY_JOURNAL}.d") or store.exists(STUDY_JOURNAL)
     return (local_path(run_dir) / OPTUNA_DB).is_file()
 
 

@@ -1,9 +1,11 @@
-"""An Optuna search's study on object storage (ablate.service.records.study): Optuna's journal in one object, written
-whole by its one writer, read back by a fresh driver and by Optuna's own file backend, against moto's S3 server and
-this process's memory (``memory://``)."""
+"""An Optuna search's study on object storage (ablate.service.records.study): Optuna's journal as the store's
+append-only log (numbered entries in a bucket), appended to by its one writer an operation at a time, fenced against
+an earlier driver, read back by a fresh driver and by Optuna's own file backend, against moto's S3 server, this
+process's memory (``memory://``) and, for a cut last line, a local disk."""
 
 from __future__ import annotations
 
+import logging
 import pickle
 import re
 import uuid
@@ -16,13 +18,16 @@ from s3_server import fresh_s3_uri
 
 from ablate.service.records import study as study_mod
 from ablate.service.records.rundir import DRIVER_LOCK, OPTUNA_DB, STUDY_JOURNAL, has_study, study_file
-from ablate.service.records.store import as_store
+from ablate.service.records.store import LocalStore, as_store, open_store
 from ablate.service.records.store.lease import LeaseLost
+from ablate.service.records.store.segments import folder_of
 from ablate.service.records.study import StoreJournal, flush_study, load_study, study_storage
 
 s3_query = s3_server.s3_query  # the module's S3 server (a fixture)
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+ENTRIES = folder_of(STUDY_JOURNAL)  # optuna.journal.d: the journal's entries in a bucket
 
 
 def _memory_uri(name: str) -> str:
@@ -39,9 +44,13 @@ def run_uri(request) -> str:
 
 
 def _search(storage, n: int = 4, *, finish: bool = True) -> optuna.Study:
-    """A study with ``n`` trials: two settings each, three reports, told COMPLETE (the last one left RUNNING unless
-    ``finish``)."""
-    study = optuna.create_study(study_name="tune", storage=storage, direction="maximize")
+    """A new study "tune" with ``n`` trials (:func:`_trials`)."""
+    return _trials(optuna.create_study(study_name="tune", storage=storage, direction="maximize"), n, finish=finish)
+
+
+def _trials(study: optuna.Study, n: int, *, finish: bool = True) -> optuna.Study:
+    """``study`` with ``n`` more trials: two settings each, three reports, told COMPLETE (the last one left RUNNING
+    unless ``finish``)."""
     for i in range(n):
         trial = study.ask()
         x, width = trial.suggest_float("x", 0.0, 1.0), trial.suggest_categorical("width", [16, 32])
@@ -59,48 +68,87 @@ def _view(study: optuna.Study) -> list[tuple]:
     ]
 
 
+def _fresh(uri: str) -> optuna.Study:
+    """The study as a driver in another process reads it: through a store object of its own."""
+    return optuna.load_study(study_name="tune", storage=JournalStorage(StoreJournal(open_store(uri))))
+
+
 def test_a_study_on_a_store_reads_back_whole_in_a_fresh_driver(run_uri):
     """Written through one storage, read through another made later (as a resumed driver does): the same trials,
-    settings, values and reports; the store holds one journal object, and no SQLite file."""
+    settings, values and reports; the store holds the journal's entries (optuna.journal.d/), no SQLite file, and
+    at the search's end (flush_study) one entry, which is the journal as it is."""
     assert not has_study(run_uri) and study_file(run_uri) == STUDY_JOURNAL
-    first = _search(study_storage(run_uri))
-    assert has_study(run_uri) and as_store(run_uri).list(dirs=False) == [STUDY_JOURNAL]
+    storage = study_storage(run_uri)
+    first = _search(storage)
+    store = as_store(run_uri)
+    assert has_study(run_uri) and store.list(dirs=False) == [] and store.list(dirs=True) == [ENTRIES]
+    assert len(store.list(ENTRIES, dirs=False)) > 1
     again = load_study(run_uri, "tune")
-    assert again is not None and _view(again) == _view(first)
+    assert again is not None and _view(again) == _view(first) == _view(_fresh(run_uri))
     assert again.best_value == first.best_value
     assert load_study(run_uri, "another name") is None
+    flush_study(storage)  # the driver's end: the journal made one entry
+    (entry,) = store.list(ENTRIES, dirs=False)
+    assert store.read_bytes(f"{ENTRIES}/{entry}") == open_store(run_uri).read_log(STUDY_JOURNAL)
+    assert _view(_fresh(run_uri)) == _view(first)
 
 
 def test_the_journal_opens_with_optuna_s_own_file_backend(tmp_path, run_uri):
-    """A downloaded optuna.journal is Optuna's JournalFileBackend format, line for line: Optuna itself reads it."""
+    """A downloaded optuna.journal (the lines read_log gives; after flush_study, the one entry) is Optuna's
+    JournalFileBackend format, line for line: Optuna itself reads it."""
     storage = study_storage(run_uri)
     study = _search(storage, finish=False)
-    flush_study(storage)  # the running trial's last reports wait for an upload (as at a driver's end)
+    flush_study(storage)  # the running trial's last reports wait for an append (as at a driver's end)
     path = tmp_path / STUDY_JOURNAL
-    path.write_bytes(as_store(run_uri).read_bytes(STUDY_JOURNAL))
+    path.write_bytes(open_store(run_uri).read_log(STUDY_JOURNAL))
     theirs = optuna.load_study(study_name="tune", storage=JournalStorage(JournalFileBackend(str(path))))
     assert _view(theirs) == _view(study)
     assert [t.state.name for t in theirs.trials] == ["COMPLETE"] * 3 + ["RUNNING"]
 
 
-def test_only_intermediate_values_wait_for_the_next_upload(monkeypatch):
-    """A created trial, its settings and its end are uploaded at once (the object is then the whole journal); a
-    report told to Optuna waits for the next of those, or FLUSH_S seconds, and flush_study uploads it."""
+def test_a_search_uploads_its_journal_about_once_in_one_request_an_operation(run_uri, monkeypatch):
+    """Each operation appends only its own line (one PUT of a new entry in a bucket; entries merged as they pile
+    up, the whole made one entry at the end): the bytes a search of 30 trials uploads are a small multiple of its
+    journal, never the journal again at each operation (which was 71x it here), and its requests at most one an
+    operation."""
+    store = open_store(run_uri)
+    put = {"requests": 0, "bytes": 0}
+    plain_put = store.put
+
+    def counted(key, data, *args, **kwargs):
+        put["requests"] += 1
+        put["bytes"] += len(data)
+        return plain_put(key, data, *args, **kwargs)
+
+    monkeypatch.setattr(store, "put", counted)
+    storage = JournalStorage(StoreJournal(store))
+    _search(storage, n=30)
+    flush_study(storage)
+    journal = open_store(run_uri).read_log(STUDY_JOURNAL)
+    operations = journal.count(b"\n")
+    assert operations > 30 * 7  # the study, and each trial's creation, two settings, three reports and its end
+    assert put["bytes"] < 4 * len(journal), (put, len(journal))
+    assert put["requests"] < operations, (put, operations)
+
+
+def test_only_intermediate_values_wait_for_the_next_append(monkeypatch):
+    """A created trial, its settings and its end are appended at once (the log is then the whole journal); a report
+    told to Optuna waits for the next of those, or FLUSH_S seconds, and flush_study appends it."""
     uri = _memory_uri("deferred")
     clock = [1000.0]
     monkeypatch.setattr(study_mod.time, "monotonic", lambda: clock[0])
     storage = study_storage(uri)
     study = optuna.create_study(study_name="tune", storage=storage, direction="maximize")
     trial = study.ask({"x": optuna.distributions.FloatDistribution(0, 1)})
-    stored = lambda: as_store(uri).read_text(STUDY_JOURNAL).splitlines()  # noqa: E731
+    stored = lambda: open_store(uri).read_log(STUDY_JOURNAL).splitlines()  # noqa: E731 (another process's read)
     n_ops = len(stored())
-    assert n_ops >= 3  # the study, the trial and its setting, each uploaded as made
+    assert n_ops >= 3  # the study, the trial and its setting, each appended as made
     trial.report(0.5, 1)
     trial.report(0.6, 2)
     assert len(stored()) == n_ops  # waiting: the reports are in every trial's own result log too
     clock[0] += study_mod.FLUSH_S
     trial.report(0.7, 3)
-    assert len(stored()) == n_ops + 3  # the oldest waited FLUSH_S: all three go up
+    assert len(stored()) == n_ops + 3  # the oldest waited FLUSH_S: all three go up, in one append
     trial.report(0.8, 4)
     assert len(stored()) == n_ops + 3
     flush_study(storage)
@@ -111,12 +159,12 @@ def test_only_intermediate_values_wait_for_the_next_upload(monkeypatch):
     assert dict(load_study(uri, "tune").trials[0].intermediate_values) == {1: 0.5, 2: 0.6, 3: 0.7, 4: 0.8, 5: 0.9}
 
 
-def test_a_driver_that_lost_its_lease_uploads_nothing():
-    """Each upload asks check() first: a driver whose lease was taken over raises LeaseLost and leaves the journal
+def test_a_driver_that_lost_its_lease_appends_nothing():
+    """Each append asks check() first: a driver whose lease was taken over raises LeaseLost and leaves the journal
     as the next driver may be writing it."""
     uri = _memory_uri("lost")
-    study = _search(study_storage(uri), n=1)
-    before = as_store(uri).read_bytes(STUDY_JOURNAL)
+    _search(study_storage(uri), n=1)
+    before = open_store(uri).read_log(STUDY_JOURNAL)
     lost = LeaseLost(as_store(uri).join(DRIVER_LOCK), "taken over")
 
     def check():
@@ -125,18 +173,76 @@ def test_a_driver_that_lost_its_lease_uploads_nothing():
     study = optuna.load_study(study_name="tune", storage=study_storage(uri, check=check))
     with pytest.raises(LeaseLost):
         study.ask()
-    assert as_store(uri).read_bytes(STUDY_JOURNAL) == before
+    assert open_store(uri).read_log(STUDY_JOURNAL) == before
 
 
-def test_a_damaged_journal_is_an_error_naming_it_never_a_study_read_in_part():
-    store = as_store(_memory_uri("damaged"))  # the in-memory store of this URI (one per URI, as the run's)
+def test_a_driver_that_another_took_over_from_stops_in_one_line_and_leaves_the_next_one_s_study(run_uri):
+    """Two drivers of one run, each with a store of its own (two processes), neither asking a lease (no check):
+    the second's first append writes the journal as one entry reaching past the first's entries; the first's
+    appends after that land inside it (read past) or collide with the second's, and a collision is a LeaseLost in
+    one line naming the journal, raised again at each later write, never retried. The second's study goes on
+    intact, as a fresh driver reads it."""
+    first = _search(JournalStorage(StoreJournal(open_store(run_uri))), n=2)
+    second = _fresh(run_uri)  # resumed elsewhere: the study loaded, two more trials
+    _trials(second, 2)
+    with pytest.raises(LeaseLost) as lost:
+        _trials(first, 1)  # the earlier driver carries on: its next trial's appends
+    where = open_store(run_uri).join(STUDY_JOURNAL)
+    assert str(lost.value).startswith(f"lost the lease {where}: another driver took over the run (")
+    assert "\n" not in str(lost.value)
+    with pytest.raises(LeaseLost, match=re.escape(where)):
+        flush_study(first._storage)  # and at each write after it
+    _trials(second, 1)
+    flush_study(second._storage)
+    fresh = _fresh(run_uri)
+    assert _view(fresh) == _view(second) and len(fresh.trials) == 5
+    assert [t.state.name for t in fresh.trials] == ["COMPLETE"] * 5
+
+
+def test_a_cut_last_line_is_left_out_with_a_warning_and_written_away(tmp_path, caplog):
+    """A journal whose last line has no newline (an append a killed writer cut, on a local disk): read without it,
+    with one warning naming the journal; the next append leaves a journal Optuna's file backend reads."""
+    store = LocalStore(tmp_path / "run")
+    study = _search(JournalStorage(StoreJournal(store)), n=2)
+    path = tmp_path / "run" / STUDY_JOURNAL
+    with path.open("ab") as f:
+        f.write(b'{"op_code": 4, "worker_id": "w", "study_id": 0, "dat')
+    with caplog.at_level(logging.WARNING, logger="ablate.service.records.study"):
+        again = optuna.load_study(study_name="tune", storage=JournalStorage(StoreJournal(store)))
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1 and str(path) in said[0] and "last line is cut" in said[0] and "\n" not in said[0], said
+    assert _view(again) == _view(study)
+    more = _trials(again, 1)
+    theirs = optuna.load_study(study_name="tune", storage=JournalStorage(JournalFileBackend(str(path))))
+    assert _view(theirs) == _view(more) and len(theirs.trials) == 3
+
+
+def test_an_earlier_version_s_whole_journal_loads_and_is_taken_in_at_the_next_append(tmp_path, run_uri, caplog):
+    """A run an earlier ablate wrote: the journal one object, optuna.journal (here with the cut last line an
+    upload never left, read around as on disk). It loads (has_study, load_study); the search's next operation
+    makes it the log's first entry and removes the object; a fresh driver reads every trial."""
+    path = tmp_path / STUDY_JOURNAL
+    old = _search(JournalStorage(JournalFileBackend(str(path))), n=2)
+    store = as_store(run_uri)
+    store.write_bytes(STUDY_JOURNAL, path.read_bytes() + b'{"op_code": 4, "wor')
+    assert has_study(run_uri) and store.list(dirs=True) == []
+    with caplog.at_level(logging.WARNING, logger="ablate.service.records.study"):
+        loaded = load_study(run_uri, "tune")
+    assert _view(loaded) == _view(old) and len(caplog.records) == 1
+    more = _trials(optuna.load_study(study_name="tune", storage=study_storage(run_uri)), 1)
+    assert not store.exists(STUDY_JOURNAL) and store.list(dirs=True) == [ENTRIES]
+    assert _view(_fresh(run_uri)) == _view(more) and len(more.trials) == 3
+
+
+def test_a_damaged_journal_is_an_error_naming_it_never_a_study_read_in_part(run_uri):
+    """A line that is not JSON before the last one: a ValueError naming the journal."""
+    store = as_store(run_uri)
     study_uri = re.escape(store.join(STUDY_JOURNAL))
-    store.write_text(STUDY_JOURNAL, '{"op_code": 0, "worker_id": "w", "study_name": "tune", "directions": [1]}\n{"op')
+    study_line = b'{"op_code": 0, "worker_id": "w", "study_name": "tune", "directions": [1]}\n'
+    store.append_log(STUDY_JOURNAL, study_line)
+    store.append_log(STUDY_JOURNAL, b"not json\n" + study_line)
     with pytest.raises(ValueError, match=f"{study_uri}: not an Optuna journal"):
-        load_study(store.uri, "tune")
-    store.write_text(STUDY_JOURNAL, "not json\n")
-    with pytest.raises(ValueError, match=f"{study_uri}: not an Optuna journal"):
-        load_study(store.uri, "tune")
+        load_study(run_uri, "tune")
 
 
 def test_the_storage_pickles_as_ray_tune_snapshots_its_searcher():
