@@ -15,6 +15,7 @@ import contextlib
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -28,6 +29,18 @@ CREDENTIALS = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AW
 #: The server's log in ``log_dir``: werkzeug's line per request (``"PUT /runs/lab/… HTTP/1.1" 200 -``) among others.
 LOG_FILE = "server.log"
 _REQUEST = re.compile(r'"(GET|PUT|HEAD|POST|DELETE|PATCH|OPTIONS) \S+ HTTP/[\d.]+" \d{3}')
+
+
+class ServerQuery(str):
+    """The URI query that reaches the server (a ``str``), with its process id ``pid`` (a test pauses the server
+    with SIGSTOP and SIGCONT: a store that stops answering)."""
+
+    pid: int
+
+    def __new__(cls, query: str, pid: int) -> ServerQuery:
+        self = super().__new__(cls, query)
+        self.pid = pid
+        return self
 
 
 def moto_server() -> str:
@@ -48,8 +61,8 @@ def _free_port() -> int:
 def s3_server(log_dir: str | os.PathLike, buckets: tuple[str, ...] = ("runs",)) -> Iterator[str]:
     """Start moto's S3 server on a free port of 127.0.0.1 (its log ``log_dir/server.log``), create the empty
     ``buckets``, and yield the URI query that reaches it (``endpoint_override=127.0.0.1:PORT&scheme=http&region=
-    us-east-1``); the server stops and the environment's credentials are restored on exit. RuntimeError when moto's
-    server is not installed."""
+    us-east-1``, a :class:`ServerQuery` with the server's pid); the server stops (continued first, if paused) and
+    the environment's credentials are restored on exit. RuntimeError when moto's server is not installed."""
     server = moto_server()
     port = _free_port()
     log = Path(log_dir) / LOG_FILE
@@ -73,8 +86,9 @@ def s3_server(log_dir: str | os.PathLike, buckets: tuple[str, ...] = ("runs",)) 
         )
         for bucket in buckets:
             admin.create_dir(bucket)
-        yield f"endpoint_override=127.0.0.1:{port}&scheme=http&region=us-east-1"
+        yield ServerQuery(f"endpoint_override=127.0.0.1:{port}&scheme=http&region=us-east-1", proc.pid)
     finally:
+        proc.send_signal(signal.SIGCONT)  # a stopped process does not act on SIGTERM
         proc.terminate()
         proc.wait(timeout=30)
         for k, v in saved.items():
