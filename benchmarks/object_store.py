@@ -75,6 +75,9 @@ class CountingStore(BucketStore):
     def list(self, prefix: str = "", *, dirs: bool) -> builtins.list[str]:
         return self.inner.list(prefix, dirs=dirs)
 
+    def _keys(self, prefix: str) -> builtins.list[str]:
+        return self.inner._keys(prefix)  # type: ignore[attr-defined]
+
     def exists(self, key: str) -> bool:
         return self.inner.exists(key)
 
@@ -333,7 +336,7 @@ def bench_object_store(reports: int = 100, checkpoints: int = 10, trials: int = 
         s3: dict[str, Any] = {}
         with meter.phase(s3):
             on_s3()
-        study_bytes = len(remote.inner.read_bytes(STUDY_JOURNAL) or b"")
+        study_bytes = len(remote.inner.read_log(STUDY_JOURNAL) or b"")
         rows.append(
             _row(
                 f"search trial: 6 settings, {reports} reports, told (study {study_bytes} B at the end)",

@@ -40,6 +40,7 @@ class ResultLog(Callback):
         self._check = check or _unchecked
         self._offset: dict[str, float] = {}
         self._known: dict[str, tuple[int, int]] = {}  # folder -> (rows in its log, last step)
+        self._marked: set[str] = set()  # folders this driver wrote an error or stopped file into
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
         record = record_of(trial.config)
@@ -76,13 +77,19 @@ class ResultLog(Callback):
         trial.append(row)
         self._known[key] = (known[0] + 1, step if isinstance(step, int) else known[1])
         if row.get(ERROR_KEY):
+            self._marked.add(key)
             trial.write_error(str(row[ERROR_KEY]), 1)
             why = "recorded; not retried, its seed fails the same way"
             _log.warning("trial %s failed (%s): %s", row["trial_id"], why, row[ERROR_KEY])
 
     def on_trial_start(self, iteration, trials, trial, **info):
+        """A trial starts (or starts again): its folder without an earlier error or stopped file, with its params.
+        A folder the plan prepared (its record says ``prepared``) needs nothing until this driver marks it."""
         self._check()
+        prepared = bool((record_of(trial.config) or {}).get("prepared"))
         for record in _records(trial):
+            if prepared and str(record.folder) not in self._marked:
+                continue  # the plan wrote its params and cleared it; nothing since
             record.make()
             if not (record.last_row() or {}).get(ERROR_KEY):  # a failed pack member's error stays
                 record.clear_error()
@@ -103,6 +110,7 @@ class ResultLog(Callback):
         for record in _records(trial):
             rows = record.rows()
             if rows and not finished(rows, config.max_steps, config.target_r2) and not rows[-1].get(ERROR_KEY):
+                self._marked.add(str(record.folder))
                 record.write_stopped("the scheduler", rows[-1]["step"])
 
     def on_trial_error(self, iteration, trials, trial, **info):
@@ -115,6 +123,7 @@ class ResultLog(Callback):
         failures = getattr(trial, "num_failures", 1)  # Tune's count: the first failure and each retry's
         self._check()
         for record in _records(trial):
+            self._marked.add(str(record.folder))
             record.write_error(lines[-1] if lines else "the trial failed", max(int(failures or 1), 1))
 
 

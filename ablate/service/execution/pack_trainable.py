@@ -15,6 +15,7 @@ weight once (``ablate.core.pack.member_state`` derives a member's solo state fro
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 from ablate.config import RunConfig
@@ -128,14 +129,20 @@ class PackTrainable(AblateTrainable):
         self.latest_r2 = None
         self._continue_from_record()
 
-    def _covered(self):
+    def _covered(self, raw: list[dict[str, Any]]):
+        """Which of the pack's checkpoints its members' logs cover (``raw``, the pack folder's own log, is empty)."""
         return pack_covered([member.raw_rows() for member in trial_records(self.params[RECORD_KEY])])
 
-    def _logged_step(self) -> int | None:
-        """The least step up to which the logs of the members still training hold their reports."""
+    def _logged_step(self) -> Callable[[], int | None]:
+        """What reads the least step up to which the logs of the members training now hold their reports."""
         members = trial_records(self.params[RECORD_KEY])
-        steps = [members[i].last_step() for i in self.experiment.pack.active]
-        return None if not steps or None in steps else min(s for s in steps if s is not None)
+        training = [members[i] for i in self.experiment.pack.active]
+
+        def least() -> int | None:
+            steps = [member.last_step() for member in training]
+            return None if not steps or None in steps else min(s for s in steps if s is not None)
+
+        return least
 
     def _continue_from_record(self) -> None:
         """Continue from the pack's newest covered checkpoint; members frozen at a ``max_steps`` since raised train

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -28,8 +29,8 @@ from ablate.service.execution.spare_cores import SpareCoreMeter
 from ablate.service.records.checkpoint_writer import CheckpointWriter
 from ablate.service.records.pidlock import LockHeld
 from ablate.service.records.record import TrialRecord, own_record
-from ablate.service.records.trial import CHECKPOINT_FILE, record_of, solo_covered
-from ablate.service.records.trial_log import ERROR_KEY, ended
+from ablate.service.records.trial import CHECKPOINT_FILE, checkpoint_names, record_of, solo_covered
+from ablate.service.records.trial_log import ERROR_KEY, ended, intact_rows
 from ablate.service.specs.params import PACK_KEY, config_from_params, flat_params
 
 __all__ = ["AblateTrainable", "CHECKPOINT_FILE"]
@@ -160,11 +161,15 @@ class AblateTrainable(tune.Trainable):
         if own is None:
             return
         self._lock_record(own)
-        rows = own.rows()
+        listing = own.scan()  # its log's pieces and its checkpoints, in one LIST on object storage
+        self._checkpoints_there = checkpoint_names(own.checkpoints, listing)
+        raw = own.raw_rows(listing)
+        rows = intact_rows(raw)
         if ended(rows, self.run_config.max_steps, self.run_config.target_r2) and PACK_KEY not in self.params:
             self._finished_row = {k: v for k, v in rows[-1].items() if k not in RAY_KEYS}
             return
-        state = own.resume_point(self._covered(), self.experiment.device)
+        covered = self._covered(raw)
+        state = None if covered is None else own.resume_point(covered, self.experiment.device, listing)
         if state is not None:
             self.experiment.load_state_dict(state)
             _log.info("trial %s: continues from step %d", self.trial_name, state["step"])
@@ -195,10 +200,9 @@ class AblateTrainable(tune.Trainable):
         self._flush_checkpoint()
         self._release_record()
 
-    def _covered(self):
-        own = self._own()
-        assert own is not None
-        return solo_covered(own.raw_rows())
+    def _covered(self, raw: list[dict[str, Any]]):
+        """Which checkpoints of the trial its log covers (``raw``: its log's rows), or None when none can be."""
+        return solo_covered(raw) if raw else None
 
     def _save_to_record(self, final: bool = False) -> None:
         """The checkpoint after a report, in the trial's own folder, written by a thread while the next steps train
@@ -221,13 +225,16 @@ class AblateTrainable(tune.Trainable):
         if writer is None or writer.trial_dir != own.folder:  # one per record (_release_record finishes it)
             if writer is not None:
                 writer.wait()
-            self._writer = writer = CheckpointWriter(own.checkpoints, int(self._record.get("keep", 2)))
+            there, self._checkpoints_there = getattr(self, "_checkpoints_there", None), None
+            self._writer = writer = CheckpointWriter(own.checkpoints, int(self._record.get("keep", 2)), there)
         writer.submit(self.experiment.state_dict(), self._logged_step(), wait=final)
 
-    def _logged_step(self) -> int | None:
-        """The step up to which the trial's log holds its reports (a pack: its members' least)."""
+    def _logged_step(self) -> Callable[[], int | None]:
+        """What reads the step up to which the trial's log holds its reports (a pack: its members' least), bound
+        to the trial now: the checkpoint writer calls it in its thread, only when it deletes a checkpoint."""
         own = self._own()
-        return None if own is None else own.last_step()
+        assert own is not None
+        return own.last_step
 
     def _flush_checkpoint(self) -> None:
         """At a stop or before the actor takes another trial: the last report's checkpoint, if the interval skipped

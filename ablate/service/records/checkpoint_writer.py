@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from ablate.service.records.store import Store, open_store
-from ablate.service.records.trial import write_checkpoint
+from ablate.service.records.trial import Logged, checkpoint_names, write_and_prune
 
 __all__ = ["CheckpointWriter", "host_copy"]
 
@@ -60,19 +60,23 @@ def host_copy(state: Any) -> tuple[Any, torch.cuda.Event | None]:
 class CheckpointWriter:
     """Writes one trial's checkpoints in a background thread, one at a time (module doc)."""
 
-    def __init__(self, trial_dir: str | os.PathLike | Store, keep: int):
+    def __init__(self, trial_dir: str | os.PathLike | Store, keep: int, names: list[str] | None = None):
         """``trial_dir``: the trial's folder (a local path, a URI, or its store:
-        :attr:`ablate.service.records.record.TrialRecord.checkpoints`); ``keep``: the checkpoints it keeps.
+        :attr:`ablate.service.records.record.TrialRecord.checkpoints`); ``keep``: the checkpoints it keeps;
+        ``names``: the checkpoints there now, newest first (None: listed at the first write). The trial holds its
+        folder's lock, so no one else writes checkpoints there: the writer knows them from then on, unlisted.
         ``trial_dir`` then is the folder's local path, or its URI on object storage."""
         self.store = trial_dir if isinstance(trial_dir, Store) else open_store(trial_dir)
         self.trial_dir: str = self.store.join()
         self.keep = keep
+        self._names = names
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
 
-    def submit(self, state: dict[str, Any], logged: int | None, *, wait: bool = False) -> None:
+    def submit(self, state: dict[str, Any], logged: Logged, *, wait: bool = False) -> None:
         """Write ``state`` as the checkpoint at ``state["step"]``; ``logged`` is the step of the log's last row
-        now (the checkpoint a resume would continue from is never pruned). Returns once the state is copied, or
+        (the checkpoint a resume would continue from is never pruned), or a function that reads it, called in the
+        writer's thread only when an older checkpoint is to be deleted. Returns once the state is copied, or
         once it is written with ``wait``."""
         self.wait()
         copied, event = host_copy(state)
@@ -87,11 +91,13 @@ class CheckpointWriter:
         """The folder's name (the last part of its path or URI)."""
         return str(self.trial_dir).partition("?")[0].rstrip("/").rsplit("/", 1)[-1]
 
-    def _write(self, state: dict[str, Any], event: torch.cuda.Event | None, logged: int | None) -> None:
+    def _write(self, state: dict[str, Any], event: torch.cuda.Event | None, logged: Logged) -> None:
         try:
             if event is not None:
                 event.synchronize()
-            write_checkpoint(self.store, state, self.keep, logged)
+            names = checkpoint_names(self.store) if self._names is None else self._names
+            self._names = None  # listed again should this write fail
+            self._names = write_and_prune(self.store, state, self.keep, logged, names)
         except BaseException as exc:  # noqa: BLE001 - raised again in the trial by the next submit or wait
             self._error = exc
 

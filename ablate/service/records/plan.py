@@ -23,7 +23,7 @@ from ablate.config import RunConfig
 from ablate.files import is_remote, local_path
 from ablate.service.records.record import RunRecord, TrialRecord
 from ablate.service.records.rundir import TRIAL_PREFIX, RunError
-from ablate.service.records.store import Store, as_store
+from ablate.service.records.store import Listing, Store, as_store
 from ablate.service.records.trial import (
     key_of,
     member_steps,
@@ -68,6 +68,8 @@ class Plan:
     new_packs: dict[str, list[str]] = field(default_factory=dict)  # pack id → members: pack.json written
     cuts: dict[str, int] = field(default_factory=dict)  # trial id → its log is cut back to this step (0: all)
     drops: dict[str, int | None] = field(default_factory=dict)  # trial or pack id → checkpoints past it dropped
+    #: the run's files as the decision read them (one scan), which its writes read again rather than the store
+    listing: Listing | None = field(default=None, repr=False, compare=False)
 
     def summary(self) -> str:
         """``N points: a reused, b continued, c started``."""
@@ -102,16 +104,12 @@ def grid_points(grid: Grid) -> list[Point]:
     return points
 
 
-def _existing(run_dir: Store) -> dict[str, str]:
+def _existing(run_dir: Store, listing: Listing) -> dict[str, str]:
     """key → trial id of the trial folders already in the run (a point keeps the folder it was first given)."""
     out = {}
-    for trial in RunRecord(run_dir).points():
+    for trial in RunRecord(run_dir).points(listing):
         out.setdefault(key_of(trial.id), trial.id)
     return out
-
-
-def _rows(run_dir: Store, trial_id: str) -> list[dict[str, Any]]:
-    return TrialRecord(run_dir, trial_id).rows()
 
 
 def decide(config: RunConfig, rows: list[dict[str, Any]]) -> str:
@@ -123,10 +121,13 @@ def decide(config: RunConfig, rows: list[dict[str, Any]]) -> str:
     return "continue" if rows else "start"
 
 
-def _write_params(run_dir: Store, point: Point) -> None:
+def _write_params(run_dir: Store, point: Point, listing: Listing | None) -> None:
+    """A point's params.json, and its folder cleared of an earlier run's error and stopped files (the run trains
+    it again): its record says so (``prepared``), and the driver does not clear them again as the trial starts."""
     trial = TrialRecord(run_dir, point.trial_id)
     trial.write_params(point.params)
-    trial.clear_error()
+    trial.clear_error(listing)
+    trial.clear_stopped(listing)
 
 
 def _unit(point: Point, record: dict[str, Any]) -> dict[str, Any]:
@@ -203,13 +204,14 @@ def decide_run(
     report); ``results_every``: seconds between a trial's results to Ray (0: a result per report).
     """
     run_dir = as_store(run_dir)
-    existing = _existing(run_dir)
+    listing = RunRecord(run_dir).scan()  # one LIST a thousand files in a bucket; every read below asks it first
+    existing = _existing(run_dir, listing)
     points = grid_points(grid)
     for p in points:  # a point first recorded under another readable name keeps its folder
         p.trial_id = existing.get(key_of(p.trial_id), p.trial_id)
-    plan = Plan(points)
+    plan = Plan(points, listing=listing)
     todo: list[Point] = []
-    logs = {p.trial_id: _rows(run_dir, p.trial_id) for p in points}
+    logs = {p.trial_id: TrialRecord(run_dir, p.trial_id).rows(listing) for p in points}
     _check_budget(points, logs)
     for p in points:
         action = decide(p.config, logs[p.trial_id])
@@ -224,42 +226,44 @@ def decide_run(
         _plan_packs(plan, todo, run_dir, pack, record)
         return plan
     for p in todo:
-        _continue_solo(plan, run_dir, p)
-        plan.units.append(_unit(p, {**record, "id": p.trial_id}))
+        _continue_solo(plan, run_dir, p, logs[p.trial_id])
+        plan.units.append(_unit(p, {**record, "id": p.trial_id, "prepared": True}))
     return plan
 
 
 def apply_plan(plan: Plan, run_dir: str | os.PathLike | Store) -> Plan:
     """Write what ``plan`` decided: params.json of its points, pack.json of its new packs, each cut log (saying
     when reports are run again) and the checkpoints past each cut dropped. Returns ``plan``."""
-    run_dir = as_store(run_dir)
+    run_dir, listing = as_store(run_dir), plan.listing
     for p in plan.params:
-        _write_params(run_dir, p)
+        _write_params(run_dir, p, listing)
     for pid, members in plan.new_packs.items():
         TrialRecord(run_dir, pid).write_pack(members)
     for tid, step in plan.cuts.items():
-        before, kept = TrialRecord(run_dir, tid).cut(step)
+        before, kept = TrialRecord(run_dir, tid).cut(step, listing)
         if kept < before and tid in plan.drops:  # a solo trial's (a pack says nothing per member)
             _log.warning("%s: continues from step %d; its reports after it (%d) are run again", tid, step,
                          before - kept)  # fmt: skip
     for tid, step in plan.drops.items():
-        TrialRecord(run_dir, tid).drop_checkpoints_after(step)
+        TrialRecord(run_dir, tid).drop_checkpoints_after(step, listing)
     return plan
 
 
-def _continue_solo(plan: Plan, run_dir: Store, point: Point) -> None:
+def _continue_solo(plan: Plan, run_dir: Store, point: Point, rows: list[dict[str, Any]]) -> None:
     """Where a trial continues from: its newest checkpoint that loads and that its log covers (step 0 without
-    one); its log is cut back to it and the checkpoints past it dropped (:func:`apply_plan`)."""
+    one); its log is cut back to it and the checkpoints past it dropped (:func:`apply_plan`). ``rows``: its log's
+    intact rows (none: no checkpoint can be covered, and none is read)."""
     trial = TrialRecord(run_dir, point.trial_id)
-    state = trial.resume_point(solo_covered(trial.raw_rows()))
+    listing = plan.listing
+    state = trial.resume_point(solo_covered(trial.raw_rows(listing)), listing=listing) if rows else None
     plan.cuts[point.trial_id] = state["step"] if state is not None else 0
     plan.drops[point.trial_id] = state["step"] if state is not None else None
 
 
-def _recorded_packs(run_dir: Store) -> dict[str, list[str]]:
+def _recorded_packs(run_dir: Store, listing: Listing | None) -> dict[str, list[str]]:
     """pack id → its members' trial ids, from the pack folders already in the run."""
     out = {}
-    for pack in RunRecord(run_dir).packs():
+    for pack in RunRecord(run_dir).packs(listing):
         members = pack.read_pack()
         if members is not None:
             out[pack.id] = members
@@ -272,7 +276,7 @@ def _plan_packs(plan: Plan, todo: list[Point], run_dir: Store, size: int, record
 
     by_id = {p.trial_id: p for p in plan.points}
     waiting = {p.trial_id for p in todo}
-    for pid, members in _recorded_packs(run_dir).items():
+    for pid, members in _recorded_packs(run_dir, plan.listing).items():
         if not waiting.intersection(members):
             continue
         points = [by_id.get(m) or _recorded_point(run_dir, m) for m in members]
@@ -293,7 +297,7 @@ def _plan_packs(plan: Plan, todo: list[Point], run_dir: Store, size: int, record
         pid = pack_id([p.trial_id for p in points])
         plan.new_packs[pid] = [p.trial_id for p in points]
         _continue_pack(plan, run_dir, pid, points)
-        plan.units.append(_pack_unit(points, {**record, "id": pid}))
+        plan.units.append(_pack_unit(points, {**record, "id": pid, "prepared": True}))
 
 
 def _recorded_point(run_dir: Store, trial_id: str) -> Point | None:
@@ -310,8 +314,9 @@ def _recorded_point(run_dir: Store, trial_id: str) -> Point | None:
 def _continue_pack(plan: Plan, run_dir: Store, pid: str, points: list[Point]) -> None:
     """Where a pack continues from: its newest checkpoint its members' logs cover; each member's log is cut back to
     its step in it and the pack's checkpoints past it dropped (:func:`apply_plan`)."""
-    logs = [TrialRecord(run_dir, p.trial_id).raw_rows() for p in points]
-    state = TrialRecord(run_dir, pid).resume_point(pack_covered(logs))
+    listing = plan.listing
+    logs = [TrialRecord(run_dir, p.trial_id).raw_rows(listing) for p in points]
+    state = TrialRecord(run_dir, pid).resume_point(pack_covered(logs), listing=listing)
     steps = member_steps(state) if state is not None else [0] * len(points)
     for p, step in zip(points, steps):
         plan.cuts[p.trial_id] = step

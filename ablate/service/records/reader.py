@@ -1,6 +1,11 @@
-"""Reading a run directory back, on local disk or at a pyarrow file-system URI (``s3://``, ``gs://``), through its
+"""Reading a run directory back, on local disk or in a bucket (``s3://``, ``gs://``), through its
 :class:`~ablate.service.records.store.Store`: :class:`RunReader` (the marker, the points, each trial's params, log
-and status) and :func:`read_marker`. Nothing here writes."""
+and status) and :func:`read_marker`. Nothing here writes.
+
+A reader reads the trials as one scan of the run found them (:meth:`RunReader.files`, at its first read of a
+trial): a file the scan did not see is not asked for, and a log's pieces are not listed again, so reading a run
+costs a request or two a trial in a bucket (its params, its log; its error and stopped files only where they are).
+"""
 
 from __future__ import annotations
 
@@ -23,7 +28,7 @@ from ablate.service.records.rundir import (
     TRIAL_PREFIX,
     RunError,
 )
-from ablate.service.records.store import Store, open_store
+from ablate.service.records.store import Listing, Store, open_store
 from ablate.service.records.store.lease import TTL_S
 from ablate.service.records.trial_log import ERROR_KEY, failure_count, finished, intact_rows, parse_rows, trial_status
 
@@ -39,18 +44,31 @@ class RunReader:
         that grid of a run that holds several (default: the grid it ran last)."""
         self.store = run_dir if isinstance(run_dir, Store) else open_store(run_dir)
         self.uri, self.grid = self.store.uri, grid
+        self._listing: Listing | None = None
+        self._logged: dict[str, list[dict[str, Any]]] = {}
+
+    def files(self) -> Listing:
+        """Every file of the run as this reader's one scan found them (made at the first read of a trial)."""
+        if self._listing is None:
+            self._listing = self.store.scan()
+        return self._listing
 
     def read_text(self, *parts: str) -> str | None:
         """A file's text, or None if it does not exist."""
         return self.store.read_text("/".join(parts))
 
+    def read_listed(self, *parts: str) -> str | None:
+        """A file's text as :meth:`read_text`, asked for only when the reader's scan (:meth:`files`) found it."""
+        key = "/".join(parts)
+        return self.store.read_text(key) if self.store.present(self.files(), key) else None
+
     def list_dirs(self, prefix: str = "") -> list[str]:
         """Names of sub-folders of the run directory starting with ``prefix``."""
-        return [n for n in self.store.list(dirs=True) if n.startswith(prefix)]
+        return [n for n in self.store.listed(self.files(), dirs=True) if n.startswith(prefix)]
 
     def list_files(self, prefix: str) -> list[str]:
         """Names of files in the run directory starting with ``prefix``."""
-        return [n for n in self.store.list(dirs=False) if n.startswith(prefix)]
+        return [n for n in self.store.listed(self.files(), dirs=False) if n.startswith(prefix)]
 
     @staticmethod
     def trial_name(trial_id: str) -> str:
@@ -68,7 +86,7 @@ class RunReader:
         points = self.points()
         names = [n for n in self.list_dirs(TRIAL_PREFIX) if not n.startswith(PACK_PREFIX)]
         if not points:  # a search's trials, or a run from before the points: the folders that hold settings
-            return [n for n in names if self.read_text(n, PACK_FILE) is None and self.read_text(n, PARAMS_FILE)]
+            return [n for n in names if self.read_listed(n, PACK_FILE) is None and self.read_listed(n, PARAMS_FILE)]
         bad = set(self.disagreeing())
         return [n for n in names if n.removeprefix(TRIAL_PREFIX) in points and n.removeprefix(TRIAL_PREFIX) not in bad]
 
@@ -91,7 +109,7 @@ class RunReader:
         if getattr(self, "_disagreeing", None) is None:
             self._disagreeing = []
             for trial_id, recorded in self.points().items():
-                text = self.read_text(f"{TRIAL_PREFIX}{trial_id}", PARAMS_FILE)
+                text = self.read_listed(f"{TRIAL_PREFIX}{trial_id}", PARAMS_FILE)
                 if text is not None and _parsed(text) != recorded:
                     self._disagreeing.append(trial_id)
         return self._disagreeing
@@ -139,7 +157,7 @@ class RunReader:
         trial_id = trial_dir.removeprefix(TRIAL_PREFIX)
         if trial_id in points:
             return None if trial_id in set(self.disagreeing()) else points[trial_id]
-        text = self.read_text(trial_dir, PARAMS_FILE)
+        text = self.read_listed(trial_dir, PARAMS_FILE)
         return _parsed(text) if text else None
 
     def driver(self) -> dict[str, Any] | None:
@@ -166,11 +184,11 @@ class RunReader:
         for trial_id, params in points.items():
             name = f"{TRIAL_PREFIX}{trial_id}"
             rows = self.results(name)
-            error = _parsed(self.read_text(name, ERROR_FILE))
+            error = _parsed(self.read_listed(name, ERROR_FILE))
             variant = params.get("variant") if isinstance(params.get("variant"), dict) else {}
             max_steps = variant.get("max_steps", params.get("max_steps"))
             target = variant.get("target_r2", params.get("target_r2"))
-            stopped = self.read_text(name, STOPPED_FILE) is not None
+            stopped = self.read_listed(name, STOPPED_FILE) is not None
             status = trial_status(rows, max_steps, target, error=isinstance(error, dict), stopped=stopped, live=live)
             reached = isinstance(max_steps, int) and finished(rows, max_steps, target)
             early = status == "TERMINATED" and stopped and not reached
@@ -190,7 +208,7 @@ class RunReader:
         """member trial id → its pack's id, from the pack folders' pack.json."""
         out = {}
         for name in self.list_dirs(TRIAL_PREFIX + PACK_PREFIX.removeprefix(TRIAL_PREFIX)):
-            info = _parsed(self.read_text(name, PACK_FILE))
+            info = _parsed(self.read_listed(name, PACK_FILE))
             for member in info.get("members", []) if isinstance(info, dict) else []:
                 out[str(member)] = name.removeprefix(TRIAL_PREFIX)
         return out
@@ -208,8 +226,12 @@ class RunReader:
     def logged_rows(self, trial_dir: str) -> list[dict[str, Any]]:
         """Every whole JSON row of a trial's result.json, intact or not (``ablate status`` compares the two); a line
         that is torn or not a JSON object is skipped (:func:`ablate.service.records.trial_log.parse_rows`)."""
-        data = self.store.read_log(f"{trial_dir}/{RESULT_FILE}")
-        return parse_rows(data.decode("utf-8", errors="replace") if data else "")
+        if trial_dir not in self._logged:
+            key = f"{trial_dir}/{RESULT_FILE}"
+            data = self.store.read_log(key, self.files())
+            text = data.decode("utf-8", errors="replace") if data else ""
+            self._logged[trial_dir] = parse_rows(text, self.store.join(key))
+        return [dict(r) for r in self._logged[trial_dir]]
 
 
 def read_marker(run_dir: str | os.PathLike) -> dict[str, Any]:

@@ -36,7 +36,7 @@ from ablate.service.records.rundir import (
     STOPPED_FILE,
     TRIAL_PREFIX,
 )
-from ablate.service.records.store import FolderStore, Store, as_store
+from ablate.service.records.store import FolderStore, Listing, Store, as_store
 from ablate.service.records.store.lease import Lease
 from ablate.service.records.trial_log import (
     cut_text,
@@ -96,6 +96,11 @@ class TrialRecord:
         """The store of the trial's folder, where its checkpoints are (:mod:`ablate.service.records.trial`)."""
         return FolderStore(self.store, self.name)
 
+    def scan(self) -> Listing:
+        """Every file in the trial's folder now (in a bucket one LIST): read its log and its checkpoints from it
+        (``listing=``) without a request per file."""
+        return self.store.scan(self.name)
+
     def make(self) -> None:
         """Create the folder (and the run directory's) where folders are real; in a bucket the writes into it make
         it."""
@@ -120,17 +125,18 @@ class TrialRecord:
         _write_json(self.store, self._key(PARAMS_FILE), params, indent=2, sort_keys=True)
 
     # ---------------------------------------------------------------- result log
-    def _log_text(self) -> str | None:
-        data = self.store.read_log(self._key(RESULT_FILE))
+    def _log_text(self, listing: Listing | None = None) -> str | None:
+        data = self.store.read_log(self._key(RESULT_FILE), listing)
         return None if data is None else data.decode("utf-8", errors="replace")
 
-    def rows(self) -> list[dict[str, Any]]:
-        """The log's intact rows (steps rising; a torn or damaged line ends them)."""
-        return intact_rows(self.raw_rows())
+    def rows(self, listing: Listing | None = None) -> list[dict[str, Any]]:
+        """The log's intact rows (steps rising; a torn or damaged line ends them). ``listing``: a scan that covers
+        the folder (:meth:`scan`), to read the log without listing its pieces."""
+        return intact_rows(self.raw_rows(listing))
 
-    def raw_rows(self) -> list[dict[str, Any]]:
+    def raw_rows(self, listing: Listing | None = None) -> list[dict[str, Any]]:
         """Every row of the log that parses, in order (what the coverage of a checkpoint is judged on)."""
-        return parse_rows(self._log_text() or "")
+        return parse_rows(self._log_text(listing) or "", self.log)
 
     def last_row(self) -> dict[str, Any] | None:
         """The log's last whole row that has a step (read from its tail), or None."""
@@ -156,10 +162,10 @@ class TrialRecord:
         reader reads it in one request); nothing on disk."""
         self.store.compact_log(self._key(RESULT_FILE))
 
-    def cut(self, step: int) -> tuple[int, int]:
+    def cut(self, step: int, listing: Listing | None = None) -> tuple[int, int]:
         """Keep the log's intact rows up to ``step`` (a continued trial reports the rest again); (rows before,
         rows kept)."""
-        text = self._log_text()
+        text = self._log_text(listing)
         kept, new = cut_text(text, lambda r: r["step"] <= step)
         if new is not None:
             self.store.replace_log(self._key(RESULT_FILE), new.encode("utf-8"))
@@ -188,15 +194,19 @@ class TrialRecord:
                 info = {"error": error[-2000:], "failures": failures}
                 _write_json(self.store, self._key(ERROR_FILE), info, indent=1)
 
-    def clear_error(self) -> None:
-        self.store.delete(self._key(ERROR_FILE))
+    def clear_error(self, listing: Listing | None = None) -> None:
+        """Remove error.json (``listing``: only when the scan shows one)."""
+        if self.store.present(listing, self._key(ERROR_FILE)):
+            self.store.delete(self._key(ERROR_FILE))
 
     def write_stopped(self, by: str, step: int) -> None:
         """Say beside the log that ``by`` stopped the trial at ``step`` before its stop settings."""
         _write_json(self.store, self._key(STOPPED_FILE), {"by": by, "step": step}, indent=1)
 
-    def clear_stopped(self) -> None:
-        self.store.delete(self._key(STOPPED_FILE))
+    def clear_stopped(self, listing: Listing | None = None) -> None:
+        """Remove stopped.json (``listing``: only when the scan shows one)."""
+        if self.store.present(listing, self._key(STOPPED_FILE)):
+            self.store.delete(self._key(STOPPED_FILE))
 
     # ---------------------------------------------------------------- lock and checkpoints
     def hold(
@@ -233,14 +243,14 @@ class TrialRecord:
         return checkpoints.write_checkpoint(self.checkpoints, state, keep, logged)
 
     def resume_point(
-        self, covered: Callable[[dict[str, Any]], bool], map_location: Any = "cpu"
+        self, covered: Callable[[dict[str, Any]], bool], map_location: Any = "cpu", listing: Listing | None = None
     ) -> dict[str, Any] | None:
         """The newest checkpoint that loads and that ``covered`` accepts (:func:`~ablate.service.records.trial.resume_point`)."""
-        return checkpoints.resume_point(self.checkpoints, covered, map_location)
+        return checkpoints.resume_point(self.checkpoints, covered, map_location, listing)
 
-    def drop_checkpoints_after(self, step: int | None) -> list[str]:
+    def drop_checkpoints_after(self, step: int | None, listing: Listing | None = None) -> list[str]:
         """:func:`ablate.service.records.trial.drop_checkpoints_after` in this folder."""
-        return checkpoints.drop_checkpoints_after(self.checkpoints, step)
+        return checkpoints.drop_checkpoints_after(self.checkpoints, step, listing)
 
 
 class RunRecord:
@@ -254,19 +264,23 @@ class RunRecord:
     def trial(self, trial_id: str) -> TrialRecord:
         return TrialRecord(self.store, trial_id)
 
-    def trials(self) -> Iterator[TrialRecord]:
+    def scan(self) -> Listing:
+        """Every file of the run now (in a bucket one LIST a thousand files): the plan reads the run from it."""
+        return self.store.scan()
+
+    def trials(self, listing: Listing | None = None) -> Iterator[TrialRecord]:
         """Every trial folder's record, in name order (packs' folders included)."""
-        for name in self.store.list(dirs=True):
+        for name in self.store.listed(listing, dirs=True):
             if name.startswith(TRIAL_PREFIX):
                 yield self.trial(name.removeprefix(TRIAL_PREFIX))
 
-    def points(self) -> Iterator[TrialRecord]:
+    def points(self, listing: Listing | None = None) -> Iterator[TrialRecord]:
         """The records of the run's points: its trial folders but the packs'."""
-        return (t for t in self.trials() if not t.name.startswith(PACK_PREFIX))
+        return (t for t in self.trials(listing) if not t.name.startswith(PACK_PREFIX))
 
-    def packs(self) -> Iterator[TrialRecord]:
+    def packs(self, listing: Listing | None = None) -> Iterator[TrialRecord]:
         """The records of the run's packs' own folders."""
-        return (t for t in self.trials() if t.name.startswith(PACK_PREFIX))
+        return (t for t in self.trials(listing) if t.name.startswith(PACK_PREFIX))
 
     def write_best(self, info: dict[str, Any]) -> None:
         """A search's best setting (``best_config.json``), atomically."""

@@ -30,7 +30,7 @@ from typing import Any
 
 from ablate.config import RunConfig
 from ablate.service.records.rundir import ERROR_FILE
-from ablate.service.records.store import LocalStore, Store, open_store
+from ablate.service.records.store import Listing, LocalStore, Store, open_store
 from ablate.service.records.trial_log import intact_rows
 
 __all__ = [
@@ -141,9 +141,10 @@ def load_state(
     return _load(LocalStore(folder.parent), folder.name, map_location)
 
 
-def checkpoint_names(trial_dir: TrialDir) -> list[str]:
-    """The names of a trial's checkpoint folders, newest (highest step) first."""
-    found = [n for n in _store(trial_dir).list(dirs=True) if re.fullmatch(rf"{CHECKPOINT_PREFIX}\d+", n)]
+def checkpoint_names(trial_dir: TrialDir, listing: Listing | None = None) -> list[str]:
+    """The names of a trial's checkpoint folders, newest (highest step) first (``listing``: a scan of the folder,
+    read instead of listing it)."""
+    found = [n for n in _store(trial_dir).listed(listing, dirs=True) if re.fullmatch(rf"{CHECKPOINT_PREFIX}\d+", n)]
     return sorted(found, key=_step, reverse=True)
 
 
@@ -160,37 +161,53 @@ def _remove(store: Store, name: str) -> None:
         store.delete_tree(name)
 
 
-def write_checkpoint(trial_dir: TrialDir, state: dict[str, Any], keep: int, logged: int | None = None) -> str:
+#: The step of a trial's log's last row (None: no row), or a function that reads it when it is needed.
+Logged = int | None | Callable[[], int | None]
+
+
+def write_checkpoint(trial_dir: TrialDir, state: dict[str, Any], keep: int, logged: Logged = None) -> str:
     """Write ``state`` as the trial's checkpoint at ``state["step"]`` (atomically: on local disk a folder whose
     state.pt is renamed into place, on object storage one upload of ``<folder>/state.pt``), then delete all but the
     newest ``keep`` checkpoints, never the newest one at or before ``logged`` (the step of the log's last row: the one
-    a resume would continue from). Returns the new folder's location (its path; in a bucket its URI)."""
+    a resume would continue from; a function is called only when a checkpoint is to be deleted). Returns the new
+    folder's location (its path; in a bucket its URI)."""
+    store = _store(trial_dir)
+    write_and_prune(store, state, keep, logged, checkpoint_names(store))
+    return store.join(f"{CHECKPOINT_PREFIX}{int(state['step']):09d}")
+
+
+def write_and_prune(store: Store, state: dict[str, Any], keep: int, logged: Logged, names: list[str]) -> list[str]:
+    """:func:`write_checkpoint` given the names of the checkpoints there (``names``, newest first: a trial that
+    holds its folder's lock writes them alone, so it knows them without listing); the names there after it."""
     import torch
 
-    store = _store(trial_dir)
     name = f"{CHECKPOINT_PREFIX}{int(state['step']):09d}"
     buffer = io.BytesIO()  # serialised first: a full disk is then an OSError of the write, not torch's stream error
     torch.save(state, buffer)
     store.put(f"{name}/{CHECKPOINT_FILE}", buffer.getvalue())  # whole or not at all: a failed write leaves none
-    where = store.join(name)
-    existing = checkpoint_names(store)
-    covered = next((n for n in existing if logged is not None and _step(n) <= logged), None)
-    for old in existing[max(keep, 1) :]:
-        if old != covered:
-            _remove(store, old)
-    return where
+    existing = sorted({*names, name}, key=_step, reverse=True)
+    old = existing[max(keep, 1) :]
+    if old:
+        step = logged() if callable(logged) else logged
+        covered = next((n for n in existing if step is not None and _step(n) <= step), None)
+        for gone in old:
+            if gone != covered:
+                _remove(store, gone)
+                existing.remove(gone)
+    return existing
 
 
 def resume_point(
     trial_dir: TrialDir,
     covered: Callable[[dict[str, Any]], bool],
     map_location: Any = "cpu",
+    listing: Listing | None = None,
 ) -> dict[str, Any] | None:
     """The state of the trial's newest checkpoint that loads and that its log covers (``covered(state)``: every
     report up to the checkpoint is in the log), or None: the trial starts from step 0. Each checkpoint passed
-    over is logged."""
+    over is logged. ``listing``: a scan of the folder (its checkpoints without a listing)."""
     store = _store(trial_dir)
-    for name in checkpoint_names(store):
+    for name in checkpoint_names(store, listing):
         try:
             state = _load(store, name, map_location)
         except _Unwritten:
@@ -235,12 +252,13 @@ def pack_id(member_ids: list[str]) -> str:
     return "pack-" + hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-def drop_checkpoints_after(trial_dir: TrialDir, step: int | None) -> list[str]:
+def drop_checkpoints_after(trial_dir: TrialDir, step: int | None, listing: Listing | None = None) -> list[str]:
     """Delete the trial's checkpoints whose folder step is past ``step`` (all of them for None): a checkpoint its
-    log does not cover cannot be continued from, and would crowd out the ones written next. Returns their names."""
+    log does not cover cannot be continued from, and would crowd out the ones written next. Returns their names.
+    ``listing``: a scan of the folder."""
     store = _store(trial_dir)
     gone = []
-    for name in checkpoint_names(store):
+    for name in checkpoint_names(store, listing):
         if step is None or _step(name) > step:
             _remove(store, name)
             gone.append(name)

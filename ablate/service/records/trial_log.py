@@ -7,6 +7,7 @@ trial is finished follows from its last row and its stop settings (:func:`finish
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 from collections.abc import Callable
@@ -15,6 +16,8 @@ from typing import Any
 
 from ablate.files import atomic_write
 from ablate.service.records.store.local import LocalStore
+
+_log = logging.getLogger("ablate.service.records.trial_log")
 
 #: The key of the report that ends a trial whose loss went non-finite (a solo trial's or a pack member's), with the
 #: error's text naming the step. A result of the science, not a crash: the same seed fails at the same step again,
@@ -64,16 +67,24 @@ def read_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
     return parse_rows(path.read_text()) if path.is_file() else []
 
 
-def parse_rows(text: str) -> list[dict[str, Any]]:
-    """The rows of a result log's text; a torn or damaged line is skipped."""
-    rows = []
-    for line in text.splitlines():
+def parse_rows(text: str, where: str | None = None) -> list[dict[str, Any]]:
+    """The rows of a result log's text; a torn or damaged line is skipped. With ``where`` (the log's location), the
+    lines skipped but a last one without its newline (a report being written) are named in one warning."""
+    rows, skipped = [], []
+    lines = text.split("\n")
+    for number, line in enumerate(lines, 1):
         try:
-            row = json.loads(line)
+            row = json.loads(line) if line.strip() else None
         except json.JSONDecodeError:
-            continue
+            row = None
         if isinstance(row, dict):
             rows.append(row)
+        elif line.strip() and number < len(lines):
+            skipped.append((number, line))
+    if skipped and where is not None:
+        number, line = skipped[0]
+        _log.warning("%s: skipped %d line(s) that are not report rows (JSON objects), the first line %d: %.60r",
+                     where, len(skipped), number, line)  # fmt: skip
     return rows
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 
 from unfinished_runs import finished_smoke_run, hand_made_run
 
@@ -107,9 +108,9 @@ def test_a_science_set_beside_the_old_points_is_a_column_and_a_level_compare_kee
     assert (pairs["n_a"] == 1).all() and (pairs["n_b"] == 1).all(), pairs
 
 
-def test_a_line_that_is_json_but_not_an_object_is_skipped_as_a_torn_one_is_by_every_reader(tmp_path):
+def test_a_line_that_is_json_but_not_an_object_is_skipped_as_a_torn_one_is_by_every_reader(tmp_path, caplog):
     """`null`, `[1, 2]`, `"x"` or `3` in a log gave a traceback in status, export, report, compare and --resume: the
-    reader kept them as rows (issue 47)."""
+    reader kept them as rows (issue 47). Each reader of the log says in one line what it skipped."""
     from ablate.analysis.results import load_results
     from ablate.analysis.status import run_status
     from ablate.service.records.reader import RunReader
@@ -120,7 +121,11 @@ def test_a_line_that_is_json_but_not_an_object_is_skipped_as_a_torn_one_is_by_ev
     log = run_dir / f"{TRIAL_PREFIX}{ids[0]}" / RESULT_FILE
     first, second = log.read_text().splitlines()
     log.write_text("\n".join([first, "null", "[1, 2]", '"x"', "3", "{torn", second]) + "\n")
-    assert RunReader(run_dir).logged_rows(log.parent.name) == read_rows(log) == [json.loads(first), json.loads(second)]
+    with caplog.at_level(logging.WARNING, logger="ablate.service.records.trial_log"):
+        assert RunReader(run_dir).logged_rows(log.parent.name) == [json.loads(first), json.loads(second)]
+    (said,) = [r.getMessage() for r in caplog.records]
+    assert said.startswith(f"{log}: skipped 5 line(s) that are not report rows") and "line 2: 'null'" in said, said
+    assert read_rows(log) == [json.loads(first), json.loads(second)]
     (row,) = [r for r in run_status(run_dir)["trials"] if r["trial"] == ids[0]]
     export = load_results(run_dir)
     assert row["step"] == 10 and export[export["trial_id"] == ids[0]]["step"].tolist() == [5, 10]

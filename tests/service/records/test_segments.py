@@ -20,7 +20,7 @@ from s3_server import fresh_s3_uri
 
 import ablate.service.records.store.segments as segments
 from ablate.service.records.store import CloudStore, Conflict, LocalStore, MemoryStore, Store
-from ablate.service.records.store.segments import SegmentLogs, entry_name, folder_of
+from ablate.service.records.store.segments import SegmentLogs, folder_of
 
 KEY = "trial_x/result.json"
 LOGGER = "ablate.service.records.store"
@@ -97,19 +97,28 @@ def test_a_finished_log_is_made_one_entry_that_a_reader_reads_in_one_request(buc
 
 def test_a_new_writer_fences_off_an_earlier_one_which_stops_and_never_overwrites_it(bucket):
     """Two processes writing one log (a driver whose lease was taken over, carrying on): each writer is a
-    SegmentLogs of its own. The new one's first write reaches past every entry there; the earlier one's next
-    append collides and raises Conflict; an entry it had in flight landing late is passed over by readers."""
+    SegmentLogs of its own. The new one claims the number after every entry there and writes the log as one entry
+    reaching it; the earlier one's next append takes that number, collides and raises Conflict, so no line of it
+    lands unseen. An append of the earlier one that lands between the new one's read and its claim is read again
+    and kept, and the claim goes one further."""
     old, new = SegmentLogs(bucket), SegmentLogs(bucket)
     for i in range(3):
         old.append(KEY, line(i))
     new.append(KEY, line(3))
-    late = f"{folder_of(KEY)}/{entry_name(4, 4)}"  # the earlier writer's append in flight, landing after the fence
-    bucket.put(late, b'{"step": 99}\n')
-    assert bucket.read_log(KEY) == lines(0, 1, 2, 3)
     with pytest.raises(Conflict, match="another writer"):
         old.append(KEY, b'{"step": 100}\n')
+    assert bucket.read_log(KEY) == lines(0, 1, 2, 3)
     new.append(KEY, line(4))
     assert bucket.read_log(KEY) == lines(0, 1, 2, 3, 4)
+
+    old, new = SegmentLogs(bucket), SegmentLogs(bucket)
+    old.append(KEY, line(5))  # a fresh writer: one entry [1, M] (and its claim)
+    assert new.read(KEY) == lines(0, 1, 2, 3, 4, 5)  # the new writer reads...
+    old.append(KEY, line(6))  # ...the earlier one appends meanwhile...
+    new.append(KEY, line(7))  # ...so the new one's claim collides: it reads again and claims past it
+    with pytest.raises(Conflict, match="another writer"):
+        old.append(KEY, line(8))
+    assert bucket.read_log(KEY) == lines(0, 1, 2, 3, 4, 5, 6, 7)
 
 
 def test_damage_is_read_around_and_said_in_one_line(bucket, caplog):

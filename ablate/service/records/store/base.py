@@ -19,6 +19,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
+from ablate.service.records.store.listing import Listing
+
 __all__ = [
     "CREATE",
     "OVERWRITE",
@@ -26,6 +28,7 @@ __all__ = [
     "Conflict",
     "FolderStore",
     "Got",
+    "Listing",
     "Match",
     "PutMode",
     "Store",
@@ -143,6 +146,40 @@ class Store(ABC):
         for key in keys:
             self.delete(key)
 
+    # ------------------------------------------------------------------ scans (:mod:`~.listing`)
+    def scan(self, prefix: str = "") -> Listing:
+        """Every file under the folder ``prefix`` (``""``: the root) now, as one :class:`Listing` (in a bucket one
+        LIST a thousand files). Its keys are this store's root's (:meth:`root_key`)."""
+        prefix = key_of(prefix, root_ok=True)
+        files: builtins.list[str] = []
+        folders, todo = [], [prefix]
+        while todo:
+            folder = todo.pop()
+            under = f"{folder}/" if folder else ""
+            files += [under + name for name in self.list(folder, dirs=False)]
+            found = [under + name for name in self.list(folder, dirs=True)]
+            folders += found
+            todo += found
+        return Listing(self.root_key(prefix), [self.root_key(f) for f in files], [self.root_key(f) for f in folders])
+
+    def root_key(self, key: str) -> str:
+        """``key`` as the store at the root of this one names it (a :class:`FolderStore`'s parent's)."""
+        return key_of(key, root_ok=True)
+
+    def listed(self, listing: Listing | None, prefix: str = "", *, dirs: bool) -> builtins.list[str]:
+        """:meth:`list`, answered by ``listing`` when it covers ``prefix`` (no request)."""
+        where = self.root_key(prefix)
+        if listing is not None and listing.covers(where):
+            return listing.names(where, dirs=dirs)
+        return self.list(prefix, dirs=dirs)
+
+    def present(self, listing: Listing | None, key: str) -> bool:
+        """Whether a file is at ``key``: ``listing``'s answer when it covers the key, else :meth:`exists`'s."""
+        where = self.root_key(key)
+        if listing is not None and listing.covers(where):
+            return listing.has(where)
+        return self.exists(key)
+
     # ------------------------------------------------------------------ logs and locks: each backend's own
     # An append-only log of lines: on disk one file appended to (:class:`~.local.LocalStore`); in a bucket numbered
     # entries written create-only and merged (:class:`~.bucket.BucketStore`, :mod:`~.segments`).
@@ -151,12 +188,13 @@ class Store(ABC):
         process writes the store's logs, so a log it read once may be read again without a request."""
         raise NotImplementedError
 
-    def read_log(self, key: str) -> bytes | None:
+    def read_log(self, key: str, listing: Listing | None = None) -> bytes | None:
         """The lines of the log at ``key``, or None when there is none. On disk a last line a killed writer cut
-        may end them (a reader skips it; the next append cuts it)."""
+        may end them (a reader skips it; the next append cuts it). ``listing``: a scan that covers the log, to read
+        its pieces without listing them (in a bucket)."""
         raise NotImplementedError
 
-    def log_tail(self, key: str) -> bytes | None:
+    def log_tail(self, key: str, listing: Listing | None = None) -> bytes | None:
         """Whole lines that end the log at ``key`` (at least its last line, when it has one), or None."""
         raise NotImplementedError
 
@@ -279,6 +317,12 @@ class FolderStore(Store):
     def list(self, prefix: str = "", *, dirs: bool) -> builtins.list[str]:
         return self.parent.list(self._at(prefix, root_ok=True), dirs=dirs)
 
+    def scan(self, prefix: str = "") -> Listing:
+        return self.parent.scan(self._at(prefix, root_ok=True))
+
+    def root_key(self, key: str) -> str:
+        return self.parent.root_key(self._at(key, root_ok=True))
+
     def exists(self, key: str) -> bool:
         return self.parent.exists(self._at(key, root_ok=True))
 
@@ -291,11 +335,11 @@ class FolderStore(Store):
     def own_logs(self, owned: bool) -> None:
         self.parent.own_logs(owned)
 
-    def read_log(self, key: str) -> bytes | None:
-        return self.parent.read_log(self._at(key))
+    def read_log(self, key: str, listing: Listing | None = None) -> bytes | None:
+        return self.parent.read_log(self._at(key), listing)
 
-    def log_tail(self, key: str) -> bytes | None:
-        return self.parent.log_tail(self._at(key))
+    def log_tail(self, key: str, listing: Listing | None = None) -> bytes | None:
+        return self.parent.log_tail(self._at(key), listing)
 
     def append_log(self, key: str, lines: bytes) -> None:
         self.parent.append_log(self._at(key), lines)

@@ -10,8 +10,9 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from ablate.service.records.store.base import Store
+from ablate.service.records.store.base import Store, key_of
 from ablate.service.records.store.lease import Lease, holder
+from ablate.service.records.store.listing import Listing
 from ablate.service.records.store.segments import SegmentLogs
 
 __all__ = ["BucketStore"]
@@ -29,14 +30,27 @@ class BucketStore(Store):
         # log writers (a mutex, and what this process wrote) stay here; the copy starts as a new writer.
         return {k: v for k, v in self.__dict__.items() if k != "_segments"}
 
+    def _keys(self, prefix: str) -> list[str]:
+        """Every key that starts with ``prefix`` (one LIST a thousand in a bucket)."""
+        raise NotImplementedError
+
+    def scan(self, prefix: str = "") -> Listing:
+        """Every object under ``prefix``, from one listing without a delimiter (a request a thousand objects). While
+        this process owns the store's logs, the scan also tells it which logs exist and in which entries, until it
+        writes them itself (:class:`~ablate.service.records.store.segments.SegmentLogs`)."""
+        prefix = key_of(prefix, root_ok=True)
+        listing = Listing(prefix, self._keys(f"{prefix}/" if prefix else ""))
+        self._segments.learn(listing)
+        return listing
+
     def own_logs(self, owned: bool) -> None:
-        self._segments.owned = owned
+        self._segments.own(owned)
 
-    def read_log(self, key: str) -> bytes | None:
-        return self._segments.read(key)
+    def read_log(self, key: str, listing: Listing | None = None) -> bytes | None:
+        return self._segments.read(key, listing)
 
-    def log_tail(self, key: str) -> bytes | None:
-        return self._segments.tail(key)
+    def log_tail(self, key: str, listing: Listing | None = None) -> bytes | None:
+        return self._segments.tail(key, listing)
 
     def append_log(self, key: str, lines: bytes) -> None:
         self._segments.append(key, lines)

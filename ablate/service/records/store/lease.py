@@ -181,7 +181,13 @@ class Lease:
         ``alive`` True when the holder is known alive (its pid here, or a version change seen while watching)."""
         if self.token is not None:
             raise RuntimeError(f"the lease {self.where} is already held by this Lease")
-        got = self.store.get(self.key)
+        if self._seen is None:  # a first try: a lease not there yet (a new trial's) is one create-only put
+            try:
+                return self._put_new(CREATE)
+            except _Taken as taken:
+                got = taken.got
+        else:
+            got = self.store.get(self.key)
         info = _parse(got)
         if got is None or info is None:
             return self._take(CREATE)
@@ -213,6 +219,17 @@ class Lease:
         return json.dumps({**self._info, **extra}).encode()
 
     def _take(self, mode: PutMode) -> Lease:
+        """Write a new lease of ours under ``mode``; :class:`LockHeld` (``alive``) when another's got there first."""
+        try:
+            return self._put_new(mode)
+        except _Taken as taken:
+            held = LockHeld(self.where, _holder(_parse(taken.got) or {}))  # type: ignore[arg-type]
+            held.alive = True  # it was written just now
+            raise held from None
+
+    def _put_new(self, mode: PutMode) -> Lease:
+        """Write a new lease of ours under ``mode``; :class:`_Taken` with what is there when the condition fails
+        and what is there is not ours."""
         now = self.clock()
         token = secrets.token_hex(16)
         self._info = {"host": socket.gethostname(), "pid": os.getpid(), "machine": machine(), "token": token,
@@ -220,12 +237,11 @@ class Lease:
         try:
             version = self.store.put(self.key, self._body(), mode)
         except Conflict:
-            version = self._ours_after_all(token, 0)
-            if version is None:
-                there = _parse(self.store.get(self.key)) or {}
-                held = LockHeld(self.where, _holder(there))  # type: ignore[arg-type]
-                held.alive = True  # it was written just now
-                raise held from None
+            got = self.store.get(self.key)
+            info = _parse(got) or {}
+            if got is None or info.get("token") != token or info.get("beat") != 0:
+                raise _Taken(got) from None
+            version = got.version  # ours after all: a put the client retried after its first try landed
         self.token, self.version, self._lost, self._seen = token, version, None, None
         self._confirmed = self.monotonic()
         return self
@@ -328,6 +344,14 @@ class Lease:
         self.release()
         if exc_type is None and lost is not None:
             raise lost
+
+
+class _Taken(Exception):
+    """A new lease's put found another's there (``got``: what one read then found)."""
+
+    def __init__(self, got: Got | None):
+        super().__init__("taken")
+        self.got = got
 
 
 def _ttl(info: dict[str, Any], default: float) -> float:

@@ -25,6 +25,7 @@ from typing import BinaryIO
 from ablate.files import TEMP_FILE, WriteError, sweep_stale_temps
 from ablate.service.records.pidlock import PidLock, lock_holder
 from ablate.service.records.store.base import CREATE, Got, Match, PutMode, Store, key_of
+from ablate.service.records.store.listing import Listing
 
 __all__ = ["LocalStore", "version_of"]
 
@@ -130,16 +131,27 @@ class LocalStore(Store):
         """Whether a file or a folder is at ``key``."""
         return self.path(key).exists()
 
+    def scan(self, prefix: str = "") -> Listing:
+        """Every file (but writes' temporaries) and folder under ``prefix``, walked."""
+        prefix = key_of(prefix, root_ok=True)
+        files, folders = [], []
+        for folder, dirnames, filenames in os.walk(self.path(prefix)):
+            at = Path(folder).relative_to(self.root).as_posix()
+            at = "" if at == "." else f"{at}/"
+            folders += [at + d for d in dirnames]
+            files += [at + f for f in filenames if not TEMP_FILE.match(f)]
+        return Listing(prefix, files, folders)
+
     # ------------------------------------------------------------------ logs: one file, appended to
     def own_logs(self, owned: bool) -> None:
         """Nothing to remember: a log file is read from the disk each time."""
 
-    def read_log(self, key: str) -> bytes | None:
+    def read_log(self, key: str, listing: Listing | None = None) -> bytes | None:
         """The log file's content, or None when there is none: a last line a killed writer cut may end it (readers
-        skip it; the next append or a replacement cuts it)."""
+        skip it; the next append or a replacement cuts it). ``listing`` is not needed: the disk is read."""
         return self.read_bytes(key)
 
-    def log_tail(self, key: str, chunk: int = 1 << 16) -> bytes | None:
+    def log_tail(self, key: str, listing: Listing | None = None, chunk: int = 1 << 16) -> bytes | None:
         """The log file's last ``chunk`` bytes, cut to whole lines, more when its last whole line is longer."""
         path = self.path(key_of(key))
         try:

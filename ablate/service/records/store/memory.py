@@ -76,6 +76,10 @@ class MemoryStore(BucketStore):
             below = [k[len(start) :] for k in self.files if k.startswith(start)]
         return sorted({k.split("/", 1)[0] for k in below if ("/" in k) == dirs})
 
+    def _keys(self, prefix: str) -> builtins.list[str]:
+        with self._mutex:
+            return [k for k in self.files if k.startswith(prefix)]
+
     def exists(self, key: str) -> bool:
         key = key_of(key, root_ok=True)
         with self._mutex:

@@ -33,6 +33,7 @@ import threading
 from dataclasses import dataclass, field
 
 from ablate.service.records.store.base import CREATE, Conflict, Store
+from ablate.service.records.store.listing import Listing
 
 __all__ = ["FAN_OUT", "SegmentLogs"]
 
@@ -40,6 +41,9 @@ _log = logging.getLogger("ablate.service.records.store")
 
 #: How many entries of one size class are merged into one.
 FAN_OUT = 32
+#: A finished log in more entries than this is written again as one (a PUT and a DELETE, to save its readers a GET
+#: an entry from then on); one in fewer is left as it is.
+COMPACT_OVER = 2
 #: Reads of a log whose entries were merged away between its listing and their download, before giving up.
 READ_TRIES = 5
 #: How many logs' last reads a process remembers (the lines its first write to each starts from).
@@ -123,7 +127,26 @@ class SegmentLogs:
         #: Whether this process owns the store's logs (it holds the run's lease: no other process writes them), so
         #: that a log read once is read again from memory until this process writes it
         self.owned = False
+        #: While owned: the store's last scan, which says which logs exist and in which entries (no LIST to read one)
+        self.index: Listing | None = None
         self._mutex = threading.RLock()
+
+    def own(self, owned: bool) -> None:
+        """Say that this process owns the store's logs from now on (it took the run's lock), or no longer does.
+        Either way what it read or wrote before is forgotten: reads made before it owned them may be stale (another
+        process wrote since), and a log it wrote in an earlier ownership may have been written by another driver
+        since, so each log is read again and its first write is a new writer's (the fence of the module)."""
+        with self._mutex:
+            self.owned = owned
+            self.index = None
+            self._listed.clear()
+            self._writers.clear()
+
+    def learn(self, listing: Listing) -> None:
+        """A scan of the store: while this process owns the logs, the logs it covers are read without a LIST."""
+        with self._mutex:
+            if self.owned and (self.index is None or not listing.prefix or listing.covers(self.index.prefix)):
+                self.index = listing
 
     # ------------------------------------------------------------------ reading
     def _data(self, key: str, entry: _Entry) -> bytes:
@@ -135,30 +158,37 @@ class SegmentLogs:
             raise _Gone(f"{self.store.join(folder_of(key), entry_name(entry.first, entry.last))}: gone")
         return got.data
 
-    def _read(self, key: str) -> list[_Entry] | None:
+    def _read(self, key: str, listing: Listing | None = None, *, fresh: bool = False) -> list[_Entry] | None:
         """The entries a reader takes, with their lines; None when the log does not exist. A log this process
-        writes is read from what it wrote (its entries' numbers: it would have collided with any other writer)."""
+        writes is read from what it wrote (its entries' numbers: it would have collided with any other writer).
+        ``listing`` (else, while this process owns the logs, its last scan): the entries' names without a LIST.
+        ``fresh``: listed now, whatever this process wrote, read or scanned before."""
         with self._mutex:
-            writer = self._writers.get(key)
+            writer = None if fresh else self._writers.get(key)
             if writer is not None:
                 return [_Entry(e.first, e.last, self._data(key, e)) for e in writer.cover]
-            if self.owned and key in self._listed:
+            if self.owned and key in self._listed and not fresh:
                 self._listed.move_to_end(key)
                 return self._listed[key].entries
+            if listing is None and self.owned and not fresh:
+                listing = self.index
         folder = folder_of(key)
+        if listing is not None and not listing.covers(key):
+            listing = None
         for _ in range(READ_TRIES):
-            names = self.store.list(folder, dirs=False)
+            names = self.store.list(folder, dirs=False) if listing is None else listing.names(folder, dirs=False)
             taken, gaps = cover(names)
             reach, numbered = _reach(names)
             if not taken:
-                legacy = self.store.get(key)
+                legacy = self.store.get(key) if listing is None or listing.has(key) else None
                 entries = None if legacy is None else [_Entry(0, 0, legacy.data)]
                 self._remember(key, _Seen(reach, numbered, entries, legacy is not None))
                 return entries
             try:
                 entries = [_Entry(a, b, self._data(key, _Entry(a, b, None))) for a, b in taken]
             except _Gone:
-                continue  # merged away since the listing: list again
+                listing = None  # merged away since the listing: list again
+                continue
             if gaps:
                 missing = ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in gaps)
                 _log.warning("the log %s misses its entries %s (deleted?); read the rest", self.store.join(key),
@@ -174,14 +204,14 @@ class SegmentLogs:
             while len(self._listed) > READS_KEPT:
                 self._listed.popitem(last=False)
 
-    def read(self, key: str) -> bytes | None:
+    def read(self, key: str, listing: Listing | None = None) -> bytes | None:
         """The log's lines, or None when there is no log at ``key``."""
-        entries = self._read(key)
+        entries = self._read(key, listing)
         return None if entries is None else b"".join(e.data for e in entries)
 
-    def tail(self, key: str) -> bytes | None:
+    def tail(self, key: str, listing: Listing | None = None) -> bytes | None:
         """The log's last entry (whole lines, the last one among them), or None when there is no log."""
-        entries = self._read(key)
+        entries = self._read(key, listing)
         if entries is None:
             return None
         for entry in reversed(entries):
@@ -210,32 +240,50 @@ class SegmentLogs:
             self._start(key, data, b"")
 
     def compact(self, key: str) -> None:
-        """Write a log this process writes as one entry, when it is in more than one (see :meth:`replace`); a log it
-        does not write is left as it is."""
+        """Write a log this process writes as one entry, when it is in more than :data:`COMPACT_OVER` (see
+        :meth:`replace`); a log it does not write is left as it is."""
         with self._mutex:
             writer = self._writers.get(key)
-            if writer is not None and len(writer.cover) > 1:
+            if writer is not None and len(writer.cover) > COMPACT_OVER:
                 self._start(key, self.read(key), b"")
 
     def _start(self, key: str, data: bytes | None, line: bytes) -> None:
         """Write the log as one entry ``[1, M]``: ``data`` (None: the log as last read in this process) followed by
         ``line``. ``M`` reaches past every entry this process listed (at its last read of the log, after it took
-        the run's lease: an earlier writer's entry still in flight then lands inside ``[1, M]``)."""
+        the run's lease: an earlier writer's entry still in flight then lands inside ``[1, M]``). A new writer
+        first claims the number ``M`` with an empty entry ``[M, M]`` (create-only): an earlier writer's next append
+        takes that number and collides. Should another writer have taken ``M`` since the read, the log is read
+        again (its lines kept) and a further number claimed."""
         folder = folder_of(key)
         writer = self._writers.get(key)
-        if writer is None:
-            if key not in self._listed:
-                self._read(key)
-            seen = self._listed.pop(key)
-            reach, stale, legacy = seen.reach, seen.names, seen.legacy
-            data = b"".join(e.data or b"" for e in seen.entries or []) if data is None else data
-        else:  # a replacement (an append to a log this process writes is one entry)
-            data = self.read(key) if data is None else data
-            reach, stale, legacy = writer.cover[-1].last, [entry_name(e.first, e.last) for e in writer.cover], False
-        whole = data + line
-        self._put(key, 1, reach + 1, whole)
-        self._writers[key] = _Writer([_Entry(1, reach + 1, whole if reach + 1 < FAN_OUT else None)])
-        self._delete([f"{folder}/{name}" for name in stale if name != entry_name(1, reach + 1)] + [key] * legacy)
+        for _ in range(READ_TRIES):
+            if writer is None:
+                if key not in self._listed:
+                    self._read(key)
+                seen = self._listed.pop(key)
+                reach, stale, legacy = seen.reach, seen.names, seen.legacy
+                whole = (b"".join(e.data or b"" for e in seen.entries or []) if data is None else data) + line
+            else:  # a replacement (an append to a log this process writes is one entry)
+                whole = (self.read(key) if data is None else data) + line
+                reach, stale, legacy = writer.cover[-1].last, [entry_name(e.first, e.last) for e in writer.cover], False
+            at = reach + 1
+            try:
+                if writer is None and at > 1:
+                    self.store.put(f"{folder}/{entry_name(at, at)}", b"", CREATE)  # the claim
+                self.store.put(f"{folder}/{entry_name(1, at)}", whole, CREATE)
+            except Conflict:
+                if writer is not None:
+                    self._writers.pop(key, None)
+                    raise Conflict(self.store.join(key), f"another writer wrote its entry 1-{at} first") from None
+                self._read(key, fresh=True)  # another writer took the number since the read: read the log again
+                continue
+            break
+        else:
+            raise Conflict(self.store.join(key), f"other writers took its next entry in each of {READ_TRIES} tries")
+        self._writers[key] = _Writer([_Entry(1, at, whole if at < FAN_OUT else None)])
+        # the claim stays (readers pass over it, inside [1, M]) until the next writer: deleted, it would free the
+        # number for the earlier writer's next append, which would land unseen instead of colliding
+        self._delete([f"{folder}/{name}" for name in stale if name != entry_name(1, at)] + [key] * legacy)
 
     def _put(self, key: str, first: int, last: int, data: bytes) -> None:
         try:
