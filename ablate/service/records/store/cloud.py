@@ -33,9 +33,6 @@ from __future__ import annotations
 
 import builtins
 import logging
-import os
-import queue
-import re
 import threading
 import time
 from collections.abc import Callable
@@ -44,6 +41,15 @@ from typing import Any, TypeVar
 from urllib.parse import parse_qsl
 
 from ablate.files import WriteError
+from ablate.service.records.store.answers import (
+    host_of,
+    interruptible,
+    message,
+    no_answer,
+    no_connection,
+    retried,
+    sleep_in_slices,
+)
 from ablate.service.records.store.base import Conflict, Got, Match, PutMode, StoreError, key_of
 from ablate.service.records.store.bucket import BucketStore
 
@@ -70,9 +76,6 @@ BACKOFF = {"init_backoff": timedelta(milliseconds=250), "max_backoff": timedelta
 OUTAGE_S = 900.0
 #: ablate's tries while it waits: the first after this many seconds, then doubling up to the second.
 WAIT_BACKOFF = (0.5, 10.0)
-#: A waiting thread sleeps this long at a time, and the main thread checks this often on a request it handed to a
-#: helper thread: Python's signal handlers run in between.
-SLICE_S = 0.25
 #: The query options of an ``s3://`` URI ablate reads (pyarrow's names), and those it accepts and ignores.
 S3_OPTIONS = ("endpoint_override", "scheme", "region", "access_key", "secret_key", "session_token", "anonymous")
 IGNORED_OPTIONS = ("allow_delayed_open", "allow_bucket_creation", "allow_bucket_deletion")
@@ -155,109 +158,6 @@ def outage_of(uri: str) -> float:
     return _options(uri)[2].get(OUTAGE_OPTION, OUTAGE_S)
 
 
-#: The store's error codes that a person reads better in words.
-_CODES = {"NoSuchBucket": "the bucket does not exist", "AccessDenied": "access denied",
-          "InvalidAccessKeyId": "the access key is not known", "SignatureDoesNotMatch": "the secret key does not match"}  # fmt: skip
-
-
-def _message(exc: BaseException) -> str:
-    """obstore's error in a few words: the HTTP status and the store's error code (``404 Not Found,
-    NoSuchBucket``), or the last clause of its first line (``HTTP error: error sending request``)."""
-    text = str(exc)
-    status = re.search(r"status code: (\d{3}[^:<\n]*)", text)
-    code = re.search(r"<Code>([^<]+)</Code>", text)
-    if status:
-        said = _CODES.get(code[1], code[1]) if code else None
-        if said is None and status[1][:3] in ("401", "403"):
-            said = "check the credentials (AWS_* or GOOGLE_* in the environment, or the URI's access_key/secret_key)"
-        return ", ".join([status[1].strip(), *([said] if said else [])])
-    first = text.split("\n\nDebug source:")[0].split("\n")[0]
-    reason = " ".join(first.rsplit(" - ", 1)[-1].split())[:300]
-    host = _host(text)
-    retried = re.search(r"Error performing \w+ \S+ in ([\d.]+)s(?:, after (\d+) retries)?", first)
-    if host and retried:  # no answer: a refused connection, a timeout (after the client's retries)
-        return f"no answer from {host} in {float(retried[1]):.0f} s and {retried[2] or 0} retries ({reason})"
-    return reason
-
-
-def _host(text: str) -> str | None:
-    """The ``scheme://host:port`` of the request obstore's error names, if it names one."""
-    found = re.search(r"Error performing \w+ (\w+://[^/\s]+)", text)
-    return found[1] if found else None
-
-
-def _no_answer(exc: BaseException) -> bool:
-    """Whether obstore's error says the store gave no answer (a refused, reset or dropped connection, a timeout, a
-    reply cut short), not an answer that is an error (an HTTP status: 403, 404, 412, a 5xx after the retries)."""
-    text = str(exc)
-    if "status code:" in text:
-        return False
-    if isinstance(exc, (TimeoutError, ConnectionError)):
-        return True
-    return (
-        re.search(r"HTTP error|HttpError|error sending request|timed out|connection", text, re.IGNORECASE) is not None
-    )
-
-
-def _no_connection(exc: BaseException) -> bool:
-    """Whether obstore's error says no connection could even be opened (refused, a name not found): a store that
-    may not be there at all, not one that went silent."""
-    return "kind: Connect," in str(exc) or "ConnectionRefused" in str(exc)
-
-
-def _retried(exc: BaseException) -> int:
-    """How many times obstore retried the request whose error this is (0 when it does not say)."""
-    found = re.search(r", after (\d+) retries", str(exc))
-    return int(found[1]) if found else 0
-
-
-def _sleep(seconds: float) -> None:
-    """Sleep ``seconds`` in slices of :data:`SLICE_S`."""
-    end = time.monotonic() + seconds
-    while (left := end - time.monotonic()) > 0:
-        time.sleep(min(left, SLICE_S))
-
-
-def _interruptible(call: Callable[[], _T]) -> _T:
-    """``call()``; in the main thread run by a daemon helper thread while the main thread waits in slices, so that a
-    signal's Python handler runs (and may raise) while obstore holds a request that gets no answer (obstore's call
-    returns only after its timeouts and retries). A call the main thread stopped waiting for ends on its own, its
-    helper busy meanwhile: the next call takes an idle helper or starts one."""
-    if threading.current_thread() is not threading.main_thread():
-        return call()
-    try:
-        inbox = _IDLE.pop()
-    except IndexError:
-        inbox = queue.SimpleQueue()
-        threading.Thread(target=_helper, args=(inbox,), name="ablate-store-request", daemon=True).start()
-    done, box = threading.Event(), []
-    inbox.put((call, box, done))
-    while not done.wait(SLICE_S):
-        pass
-    ok, value = box[0]
-    if ok:
-        return value
-    raise value
-
-
-#: Helper threads of :func:`_interruptible` waiting for a call, by their inbox.
-_IDLE: builtins.list[queue.SimpleQueue] = []
-os.register_at_fork(after_in_child=_IDLE.clear)  # a forked child has none of its parent's threads
-
-
-def _helper(inbox: queue.SimpleQueue) -> None:
-    """Make the calls put in ``inbox``, one at a time, each waited for by a main thread."""
-    while True:
-        call, box, done = inbox.get()
-        try:
-            box.append((True, call()))
-        except BaseException as exc:  # handed to the waiting thread
-            box.append((False, exc))
-        _IDLE.append(inbox)
-        done.set()
-        del call, box, done  # an idle helper holds no request's data
-
-
 #: Guards each store's outage state (the start of a wait, its warning and its end).
 _OUTAGE_LOCK = threading.Lock()
 
@@ -313,12 +213,12 @@ class CloudStore(BucketStore):
         tries = 0
         while True:
             try:
-                result = _interruptible(call)
+                result = interruptible(call)
             except (FileNotFoundError, WriteError, Conflict, oe.AlreadyExistsError, oe.PreconditionError):
                 self._answers()
                 raise
             except (oe.BaseError, OSError) as exc:
-                silent = _no_answer(exc)
+                silent = no_answer(exc)
                 if not silent:
                     self._answers()
                 waited = self._wait(key, exc, tries) if silent else 0.0
@@ -326,7 +226,7 @@ class CloudStore(BucketStore):
                     tries += 1
                     continue
                 where = self.join(key) if key else self.uri
-                said = _message(exc) + (f"; waited {waited:.0f} s for the store ({OUTAGE_OPTION})" if waited else "")
+                said = message(exc) + (f"; waited {waited:.0f} s for the store ({OUTAGE_OPTION})" if waited else "")
                 if write:
                     raise WriteError(None, said, where) from None
                 raise StoreError(f"{where}: {said}") from None
@@ -346,12 +246,12 @@ class CloudStore(BucketStore):
     def _wait(self, key: str, exc: BaseException, tries: int) -> float | None:
         """After the ``tries``-th retry of a request to ``key`` got no answer: sleep before the next and return None;
         or return the seconds the store was waited for when it is waited for no longer (0.0: not at all)."""
-        if self.outage_s <= 0 or not (self._answered or not _no_connection(exc)):
+        if self.outage_s <= 0 or not (self._answered or not no_connection(exc)):
             return 0.0
         now = time.monotonic()
         with _OUTAGE_LOCK:
             if self._outage is None:
-                host = _host(str(exc)) or f"{self.scheme}://{self.bucket}"
+                host = host_of(str(exc)) or f"{self.scheme}://{self.bucket}"
                 self._outage = (now, host)
                 _log.warning("%s: no answer from %s; waiting up to %.0f s for the store (retries every ~%.0f s)",
                              self.join(key) if key else self.uri, host, self.outage_s,
@@ -359,7 +259,7 @@ class CloudStore(BucketStore):
             since = self._outage[0]
         if now - since >= self.outage_s:
             return now - since
-        _sleep(min(WAIT_BACKOFF[0] * 2 ** min(tries, 16), WAIT_BACKOFF[1], since + self.outage_s - now))
+        sleep_in_slices(min(WAIT_BACKOFF[0] * 2 ** min(tries, 16), WAIT_BACKOFF[1], since + self.outage_s - now))
         return None
 
     def get(self, key: str) -> Got | None:
@@ -395,7 +295,7 @@ class CloudStore(BucketStore):
             try:
                 return _version(obstore.put(self.client, key, data, mode=sent))
             except (oe.AlreadyExistsError, oe.PreconditionError) as exc:
-                if unsure or _retried(exc):  # the condition may have failed on our own earlier try
+                if unsure or retried(exc):  # the condition may have failed on our own earlier try
                     try:
                         got = obstore.get(self.client, key)
                         if got.bytes().to_bytes() == bytes(data):
@@ -404,9 +304,9 @@ class CloudStore(BucketStore):
                         pass
                 raise self.conflict(key, mode) from None
             except FileNotFoundError as exc:  # no such bucket (a missing object fails a match as a precondition)
-                raise WriteError(None, _message(exc), self.join(key)) from None
+                raise WriteError(None, message(exc), self.join(key)) from None
             except (oe.BaseError, OSError) as exc:
-                unsure = unsure or _no_answer(exc)
+                unsure = unsure or no_answer(exc)
                 raise
 
         return self._call(key, call, write=True)
