@@ -23,7 +23,6 @@ __all__ = [
     "atomic_write",
     "is_remote",
     "read_file_text",
-    "remove_file",
     "sweep_stale_temps",
     "write_text",
 ]
@@ -120,33 +119,12 @@ def local_path(uri: str | os.PathLike) -> Path:
 
 
 def write_text(target: str | os.PathLike, text: str) -> str:
-    """Write ``text`` to a local path (atomically, creating folders) or a remote URI; return the target."""
-    target = str(target)
-    if is_remote(target):
-        import pyarrow.fs as pafs
-
-        fs, path = pafs.FileSystem.from_uri(target)
-        fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
-        with fs.open_output_stream(path) as f:
-            f.write(text.encode())
-        return target
+    """Write ``text`` to the local path ``target`` (atomically, creating folders); return the target. (A run's
+    files, local or in a bucket, are written through its store: :func:`ablate.service.records.store.write_file`.)"""
     path = local_path(target)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise WriteError.of(path, exc) from exc
     atomic_write(path, lambda p: p.write_text(text, encoding="utf-8"))
-    return target
-
-
-def remove_file(target: str | os.PathLike) -> None:
-    """Delete a file at a local path or a remote URI; a missing file is fine."""
-    target = str(target)
-    if is_remote(target):
-        import pyarrow.fs as pafs
-
-        fs, path = pafs.FileSystem.from_uri(target)
-        if fs.get_file_info(path).type == pafs.FileType.File:
-            fs.delete_file(path)
-        return
-    local_path(target).unlink(missing_ok=True)
+    return str(target)

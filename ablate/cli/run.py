@@ -56,12 +56,11 @@ def resume_command(args: argparse.Namespace, run_dir: str | None = None, grids: 
     ``grids`` (default: every grid of ``args``) are the grids still to run; with several, each keeps its
     default name, and ``--resume`` continues those that started and starts the others.
     """
-    from ablate.service.records.rundir import is_remote, split_run_dir
+    from ablate.service.records.rundir import split_run_dir
+    from ablate.service.records.store import normal_location
 
     names = [_grid_argument(g) for g in (grids if grids is not None else _grid_names(args))]
-    storage, name = args.storage, args.name
-    if not is_remote(storage):
-        storage = str(Path(storage).expanduser().resolve())
+    storage, name = normal_location(args.storage), args.name
     if run_dir is not None and len(names) == 1:
         storage, name = split_run_dir(str(run_dir))
     options = options_from_args(args, storage=storage, name=name if len(names) == 1 else None)

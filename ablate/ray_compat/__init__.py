@@ -14,7 +14,9 @@ from ablate.ray_compat.cluster import (
     dashboard_url,
     live_clusters,
     new_auth_token,
+    node_dead,
     refresh_auth_config,
+    this_node,
 )
 from ablate.ray_compat.control import (
     Terminated,
@@ -35,8 +37,10 @@ __all__ = [
     "hide_tune_resume_hint",
     "live_clusters",
     "new_auth_token",
+    "node_dead",
     "refresh_auth_config",
     "set_tune_environment",
     "quiet_exit_on_sigterm",
+    "this_node",
     "reclaim_sigterm",
 ]

@@ -85,3 +85,26 @@ def live_clusters() -> set[str]:
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
     return found
+
+
+# ------------------------------------------------------------------ nodes
+def this_node() -> dict[str, str]:
+    """``{"ray_node": ID}``: the Ray node this process runs on ({} outside a connected Ray), for a lease to name
+    (:func:`node_dead` asks about it). ``ray.get_runtime_context().get_node_id()``, public API."""
+    import ray
+
+    if not ray.is_initialized():
+        return {}
+    return {"ray_node": ray.get_runtime_context().get_node_id()}
+
+
+def node_dead(info: dict[str, Any]) -> bool:
+    """Whether the Ray node ``info["ray_node"]`` names (:func:`this_node`) is one this cluster lists as dead
+    (``ray.nodes()``, public API: Ray marks a node dead once its health checks fail, and retries its trials
+    elsewhere). False for a node it does not list, or outside a connected Ray: not known dead."""
+    import ray
+
+    node = info.get("ray_node")
+    if not node or not ray.is_initialized():
+        return False
+    return any(n.get("NodeID") == node and not n.get("Alive", True) for n in ray.nodes())

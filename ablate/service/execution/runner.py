@@ -37,7 +37,7 @@ from ablate.service.records.rundir import (
     run_name,
     write_marker,
 )
-from ablate.service.records.store import LocalStore, as_store
+from ablate.service.records.store import as_store
 from ablate.service.specs.grids import Grid
 from ablate.service.specs.params import RECORD_KEY
 
@@ -260,9 +260,7 @@ def _open_record(grid: Grid, opts: RunOptions, run_dir: str, pack: int) -> tuple
 
 
 def _entries(store) -> list[str]:
-    """The names in the run directory (files and folders; on disk its temporaries too): [] for none."""
-    if isinstance(store, LocalStore):
-        return [p.name for p in store.root.iterdir()] if store.root.is_dir() else []
+    """The names in the run directory (files and folders, but a write's temporaries): [] for none."""
     return store.list(dirs=False) + store.list(dirs=True)
 
 

@@ -95,7 +95,7 @@ class SlurmJob:
     @property
     def run_dir(self) -> str:
         """The run directory: ``<storage>/<name>`` (on object storage, the URI's query stays at its end)."""
-        return resolve_run_dir(self.storage, self.name) if is_remote(self.storage) else f"{self.storage}/{self.name}"
+        return resolve_run_dir(self.storage, self.name)
 
 
 def _ray_executable(python: str) -> str:

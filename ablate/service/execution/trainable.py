@@ -182,7 +182,8 @@ class AblateTrainable(tune.Trainable):
                 "trial %s: waits (%.0f s so far) for %s: the same setting is training", self.trial_name, seconds, held
             )
 
-        self._record_lock = own.hold(waiting)
+        # a holder whose Ray node died (a spot node gone) is taken over as soon as Ray knows, not after the ttl
+        self._record_lock = own.hold(waiting, owner=ray_compat.this_node(), dead=ray_compat.node_dead)
 
     def _release_record(self) -> None:
         """Finish the checkpoint in flight (a stop, a signal, another trial on this actor), then unlock the folder."""

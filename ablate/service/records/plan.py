@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ablate.config import RunConfig
-from ablate.files import is_remote, local_path
 from ablate.service.records.record import RunRecord, TrialRecord
 from ablate.service.records.rundir import TRIAL_PREFIX, RunError
 from ablate.service.records.store import Listing, Store, as_store
@@ -155,18 +154,16 @@ def _check_budget(points: list[Point], logs: dict[str, list[dict[str, Any]]]) ->
 
 def check_trial_folders(run_dir: str | os.PathLike) -> None:
     """Refuse (:class:`RunError`) a run whose trial folder is a link, or leads out of the run directory: ablate
-    writes only inside the run, and a link would have it write (and cut logs, drop checkpoints) elsewhere. Object
-    storage has no links: nothing to check there."""
-    if is_remote(run_dir):
-        return
-    run_dir = local_path(run_dir)
-    root = run_dir.resolve()
-    for folder in sorted(run_dir.glob(f"{TRIAL_PREFIX}*")):
-        target = folder.resolve()
-        if folder.is_symlink() or not target.is_relative_to(root):
+    writes only inside the run, and a link would have it write (and cut logs, drop checkpoints) elsewhere (the
+    store says where a folder leads: :meth:`~ablate.service.records.store.base.Store.linked_out`; a bucket has no
+    links)."""
+    store = as_store(run_dir)
+    for name in store.list(dirs=True):
+        target = store.linked_out(name) if name.startswith(TRIAL_PREFIX) else None
+        if target is not None:
             raise RunError(
-                f"{folder}: a trial folder that links to {target}; ablate writes only inside the run directory: "
-                "put the folder itself there (or remove the link) and run again"
+                f"{store.join(name)}: a trial folder that links to {target}; ablate writes only inside the run "
+                "directory: put the folder itself there (or remove the link) and run again"
             )
 
 

@@ -215,6 +215,8 @@ class TrialRecord:
         *,
         say_every_s: float = 300.0,
         ttl_s: float = TRIAL_TTL_S,
+        owner: dict[str, Any] | None = None,
+        dead: Callable[[dict[str, Any]], bool] | None = None,
     ) -> PidLock | Lease:
         """Take the trial's lock (creating the folder), waiting while another process holds it; ``on_wait(held,
         seconds waited)`` at once and every ``say_every_s`` while it waits. What it returns is let go with
@@ -224,9 +226,10 @@ class TrialRecord:
         suggests a setting its run is training now), and waiting for it is the right thing to do. On disk it is an
         ``flock``, released by the kernel when its holder dies (:mod:`ablate.service.records.pidlock`); in a bucket a
         lease (:mod:`ablate.service.records.store.lease`, ``ttl_s``) renewed by a heartbeat thread, taken over once this
-        process has seen it unchanged for its ttl, or at once when its holder died on this machine."""
+        process has seen it unchanged for its ttl, or at once when its holder died on this machine or ``dead`` says its
+        holder is gone (a Ray trial: the holder's node, written in the lease by ``owner``, is one Ray found dead)."""
         self.make()
-        lock = self.store.lock(self._key(TRIAL_LOCK), ttl_s=ttl_s)
+        lock = self.store.lock(self._key(TRIAL_LOCK), ttl_s=ttl_s, owner=owner, dead=dead)
         started, said = time.monotonic(), -math.inf
         while True:
             try:

@@ -33,7 +33,6 @@ Ray Tune's own files (experiment snapshots, tuner.pkl, error.pkl) never enter a 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -44,12 +43,16 @@ from ablate.files import (  # re-exported: the run directory's writes
     atomic_write,
     is_remote,
     local_path,
-    remove_file,
     sweep_stale_temps,
-    write_text,
 )
 from ablate.messages import quote
-from ablate.service.records.store import as_store, check_conditional, open_store
+from ablate.service.records.store import (
+    as_store,
+    child_location,
+    open_store,
+    parent_location,
+    write_file,
+)
 
 __all__ = [
     "BEST_CONFIG_FILE",
@@ -77,7 +80,6 @@ __all__ = [
     "is_remote",
     "member_id",
     "optuna_storage_url",
-    "remove_file",
     "resolve_run_dir",
     "run_name",
     "split_run_dir",
@@ -170,17 +172,17 @@ def resolve_run_dir(storage: str, name: str) -> str:
     """``<storage>/<name>`` (local paths made absolute; a URI's query stays at its end, ``s3://b/runs/NAME?query``);
     ``name`` must be one folder name (:func:`check_run_name`)."""
     check_run_name(name)
-    if is_remote(storage):
-        base, mark, query = storage.partition("?")
-        return f"{base.rstrip('/')}/{name}{mark}{query}"
-    return str(local_path(storage).expanduser().resolve() / name)
+    return child_location(storage, name)
 
 
 def split_run_dir(run_dir: str) -> tuple[str, str]:
     """(storage, name) of a run directory :func:`resolve_run_dir` made (a URI's query stays with its storage)."""
-    base, mark, query = str(run_dir).partition("?") if is_remote(run_dir) else (str(run_dir), "", "")
-    storage, name = base.rstrip("/").rsplit("/", 1)
-    return storage + mark + query, name
+    return parent_location(run_dir)
+
+
+def write_text(target: str | os.PathLike, text: str) -> str:
+    """Write ``text`` as the file at ``target`` (a local path, atomically; a URI, one upload); return the target."""
+    return write_file(target, text.encode("utf-8"))
 
 
 def optuna_storage_url(run_dir: str | os.PathLike) -> str:
@@ -202,32 +204,17 @@ def has_study(run_dir: str | os.PathLike) -> bool:
 
 
 def check_writable(storage: str) -> None:
-    """Fail early, in one line naming ``storage`` and the reason, when it cannot be written: a probe file written
-    and removed again (on object storage through its store: a missing bucket, no credentials, a wrong endpoint)."""
-    if is_remote(storage):
-        _check_remote(storage)
-        return
-    root = local_path(storage).expanduser()
-    probe = root / f".ablate-write-test-{os.getpid()}"
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-        probe.write_text("ok")
-    except OSError as exc:
-        raise RunError(f"storage {root}: not writable ({exc.strerror}); choose another --storage") from None
-    finally:
-        with contextlib.suppress(OSError):
-            probe.unlink(missing_ok=True)
-
-
-def _check_remote(storage: str) -> None:
-    """A bucket must take a probe object and honour conditional writes (:func:`~ablate.service.records.store.
-    check_conditional`): the record's lease and fencing rest on them."""
+    """Fail early, in one line naming ``storage`` and the reason, when a run's record cannot be kept there: the
+    store's probe (:meth:`~ablate.service.records.store.base.Store.probe`: on disk a probe file written and
+    removed; in a bucket a probe object and its conditional writes: a missing bucket, no credentials, a wrong
+    endpoint, a store that ignores If-None-Match)."""
     shown = repr(storage) if any(c in storage for c in "\r\n\t") else storage
     try:
         store = open_store(storage)
-        check_conditional(store)
+        shown = repr(store.join()) if any(c in store.join() for c in "\r\n\t") else store.join()
+        store.probe()
     except (OSError, ValueError) as exc:  # OSError from the store, ValueError for the URI
-        reason = exc.strerror if isinstance(exc, WriteError) else str(exc)
+        reason = (exc.strerror if isinstance(exc, OSError) else None) or str(exc)
         reason = re.sub(r"\s*\(Request ID: [^)]*\)", "", " ".join(str(reason).split()))  # one line, no request id
         raise RunError(f"storage {shown}: not writable ({reason}); choose another --storage") from None
     except RuntimeError as exc:

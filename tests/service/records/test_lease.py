@@ -152,6 +152,25 @@ def test_a_lease_from_another_machine_is_taken_once_seen_unchanged_for_its_ttl(s
     assert stored(store)["token"] == waiter.token != a.token
 
 
+def test_a_lease_whose_holder_the_cluster_found_dead_is_taken_at_once(store, ticks, caplog, monkeypatch):
+    """A trial's lease on another node: the holder writes its Ray node into the lease (``owner``); a waiter whose
+    cluster lists that node as dead (``dead``) takes the lease at its first look, not after the ttl; a node not known
+    dead, or a question that fails, leaves the lease watched as before."""
+    a = elsewhere(monkeypatch, lease(store, ticks, owner={"ray_node": "n1"}).acquire)
+    assert stored(store)["ray_node"] == "n1"
+
+    def broken(info: dict) -> bool:
+        raise RuntimeError("no cluster to ask")
+
+    for dead in (lambda info: False, broken):
+        with pytest.raises(LockHeld):
+            lease(store, ticks, dead=dead).acquire()
+    waiter = lease(store, ticks, dead=lambda info: info.get("ray_node") == "n1")
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        waiter.acquire()
+    assert "its node is dead" in caplog.text and stored(store)["token"] == waiter.token != a.token
+
+
 @pytest.mark.parametrize("who_is_off", ["holder", "waiter"])
 @pytest.mark.parametrize("off_s", [600.0, -600.0])
 def test_a_clock_ten_minutes_off_neither_takes_a_live_lease_nor_keeps_a_dead_one(store, ticks, monkeypatch,

@@ -46,20 +46,24 @@ __all__ = [
     "StoreError",
     "as_store",
     "check_conditional",
+    "child_location",
+    "normal_location",
     "open_store",
+    "parent_location",
+    "write_file",
 ]
 
 
 def open_store(uri_or_path: str | os.PathLike) -> Store:
     """The store of a run directory: a :class:`CloudStore` for ``s3://`` and ``gs://``, a :class:`MemoryStore` for
-    ``memory://``, else a :class:`LocalStore` over its local path (``file://`` removed). ValueError naming the URI
+    ``memory://``, else a :class:`LocalStore` over its local path (``file://`` removed, ``~`` expanded). ValueError naming the URI
     for any other scheme, or a bucket URI with an option ablate does not read."""
     text = str(uri_or_path)
     if text.startswith("memory://"):
         return MemoryStore(text)
     if is_remote(text):
         return CloudStore(text)
-    return LocalStore(local_path(uri_or_path), uri=text)
+    return LocalStore(local_path(uri_or_path).expanduser(), uri=text)
 
 
 def as_store(run_dir: str | os.PathLike | Store) -> Store:
@@ -73,3 +77,39 @@ def as_store(run_dir: str | os.PathLike | Store) -> Store:
 @functools.lru_cache(maxsize=16)
 def _remote_store(uri: str) -> Store:
     return open_store(uri)
+
+
+# ------------------------------------------------------------------ locations: a path or a URI, named and joined here
+def normal_location(storage: str | os.PathLike) -> str:
+    """``storage`` as ablate names it: a local path expanded and made absolute (``file://`` removed); a bucket's or
+    memory's URI as it is."""
+    text = str(storage)
+    if is_remote(text):
+        return text
+    return str(local_path(text).expanduser().resolve())
+
+
+def child_location(storage: str | os.PathLike, name: str) -> str:
+    """``<storage>/<name>``: under a local folder (made absolute), or in a bucket with the URI's query kept at its
+    end (``s3://b/runs/NAME?query``)."""
+    text = normal_location(storage)
+    base, mark, query = text.partition("?") if is_remote(text) else (text, "", "")
+    return f"{base.rstrip('/')}/{name}{mark}{query}"
+
+
+def parent_location(location: str | os.PathLike) -> tuple[str, str]:
+    """(storage, name) of a location :func:`child_location` made (a URI's query stays with its storage)."""
+    text = str(location)
+    base, mark, query = text.partition("?") if is_remote(text) else (text, "", "")
+    storage, _, name = base.rstrip("/").rpartition("/")
+    if not storage and base.startswith("/"):
+        storage = "/"  # a file at the root of the file system
+    return storage + mark + query, name
+
+
+def write_file(target: str | os.PathLike, data: bytes) -> str:
+    """Write ``data`` as the file at ``target`` (a local path: atomically, creating its folders; a URI: one upload)
+    through its folder's store; returns ``target``."""
+    folder, name = parent_location(target)
+    open_store(folder or ".").write_bytes(name, data)  # a bare name: in the current folder
+    return str(target)

@@ -16,6 +16,7 @@ import builtins
 import os
 import secrets
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
@@ -212,10 +213,13 @@ class Store(ABC):
         reads it in one request. Nothing where a log is one file."""
         raise NotImplementedError
 
-    def lock(self, key: str, *, ttl_s: float) -> Lock:
+    def lock(
+        self, key: str, *, ttl_s: float, owner: dict | None = None, dead: Callable[[dict], bool] | None = None
+    ) -> Lock:
         """The one-writer lock at ``key``: an ``flock`` on disk; in a bucket a
         :class:`~ablate.service.records.store.lease.Lease` (taken and renewed by conditional puts; ``ttl_s`` how long a
-        waiter watches one version). Both have ``acquire``, ``release``, ``check`` and ``start_heartbeat``."""
+        waiter watches one version; ``owner`` and ``dead``: who holds it, and whether a holder elsewhere is known
+        dead, as the Lease takes them). Both have ``acquire``, ``release``, ``check`` and ``start_heartbeat``."""
         raise NotImplementedError
 
     def lock_holder(self, key: str, *, ttl_s: float) -> dict | None:
@@ -226,6 +230,17 @@ class Store(ABC):
     def make_folder(self, key: str) -> None:
         """Create the folder ``key`` where folders are real (on disk); elsewhere a write makes its folder."""
         return None
+
+    def linked_out(self, key: str) -> str | None:
+        """Where the folder at ``key`` leads when it is a link, or leads out of the root (on disk); None when it is a
+        folder of its own (always in a bucket, which has no links)."""
+        return None
+
+    def probe(self) -> None:
+        """Prove that a run's record can be kept here, before anything is written: an OSError naming why not (it
+        cannot be written), or RuntimeError naming what it lacks (a bucket's conditional writes,
+        :func:`check_conditional`)."""
+        check_conditional(self)
 
     def sweep_temporaries(self) -> builtins.list[str]:
         """Remove what writers killed earlier left behind (on disk their temporaries; a bucket has none, each
@@ -332,6 +347,12 @@ class FolderStore(Store):
     def make_folder(self, key: str) -> None:
         self.parent.make_folder(self._at(key, root_ok=True))
 
+    def linked_out(self, key: str) -> str | None:
+        return self.parent.linked_out(self._at(key))
+
+    def probe(self) -> None:
+        self.parent.probe()
+
     def own_logs(self, owned: bool) -> None:
         self.parent.own_logs(owned)
 
@@ -350,8 +371,10 @@ class FolderStore(Store):
     def compact_log(self, key: str) -> None:
         self.parent.compact_log(self._at(key))
 
-    def lock(self, key: str, *, ttl_s: float) -> Lock:
-        return self.parent.lock(self._at(key), ttl_s=ttl_s)
+    def lock(
+        self, key: str, *, ttl_s: float, owner: dict | None = None, dead: Callable[[dict], bool] | None = None
+    ) -> Lock:
+        return self.parent.lock(self._at(key), ttl_s=ttl_s, owner=owner, dead=dead)
 
     def lock_holder(self, key: str, *, ttl_s: float) -> dict | None:
         return self.parent.lock_holder(self._at(key), ttl_s=ttl_s)

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 from ablate.service.records.store.base import Store, key_of
@@ -61,9 +62,11 @@ class BucketStore(Store):
     def compact_log(self, key: str) -> None:
         self._segments.compact(key)
 
-    def lock(self, key: str, *, ttl_s: float) -> Lease:
+    def lock(
+        self, key: str, *, ttl_s: float, owner: dict | None = None, dead: Callable[[dict], bool] | None = None
+    ) -> Lease:
         """A :class:`~ablate.service.records.store.lease.Lease` at ``key``."""
-        return Lease(self, key, ttl_s=ttl_s)
+        return Lease(self, key, ttl_s=ttl_s, owner=owner, dead=dead)
 
     def lock_holder(self, key: str, *, ttl_s: float) -> dict | None:
         """Who holds the lease at ``key`` as one read tells (:func:`ablate.service.records.store.lease.holder`)."""

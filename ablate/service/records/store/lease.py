@@ -18,7 +18,9 @@ times). Its safety rests on the store alone, never on waiting or on two hosts' c
   confirmation is older than half the ttl, so a holder that wakes from a pause past its ttl learns that it lost
   before it writes, not at its next heartbeat. A store that cannot be reached is waited for (its client retries):
   nobody can take the lease meanwhile without the store, and a renewal that then succeeds proves nobody did.
-- **A holder that died on this machine** (same boot id and pid namespace, :func:`machine`; pid gone) is taken over
+- **A holder whose node the cluster found dead** (``dead``, asked by a Ray trial of its cluster) is taken over at
+  once, as is
+- **a holder that died on this machine** (same boot id and pid namespace, :func:`machine`; pid gone) is taken over
   at once, as the kernel frees a dead holder's ``flock``: a ``--resume`` right after a ``kill -9`` does not wait.
 
 What it does not close: a write already sent when the holder paused, landing after a successor took over (a
@@ -138,7 +140,9 @@ class Lease:
     """The lease at ``key`` of ``store``, held from :meth:`acquire` to :meth:`release` (or as a context manager).
 
     ``ttl_s``: how long a waiter watches one version before it calls the lease stale; ``clock`` (epoch seconds,
-    written for people), ``monotonic`` and ``sleep`` are injectable for tests. Keep the lease with :meth:`renew` or
+    written for people), ``monotonic`` and ``sleep`` are injectable for tests. ``owner``: more fields this holder
+    writes into the lease (its Ray node); ``dead(info)``: whether a holder elsewhere is known dead (a Ray node that
+    Ray found dead), so that a waiter takes its lease at once instead of after the ttl. Keep the lease with :meth:`renew` or
     :meth:`start_heartbeat`, and call :meth:`check` before each write under it.
     """
 
@@ -150,10 +154,13 @@ class Lease:
         ttl_s: float = TTL_S,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
+        owner: dict[str, Any] | None = None,
+        dead: Callable[[dict[str, Any]], bool] | None = None,
     ):
         if not ttl_s > 0:
             raise ValueError(f"a lease needs ttl_s > 0, not {ttl_s}")
         self.store, self.key, self.ttl_s = store, key, float(ttl_s)
+        self.owner, self.dead = dict(owner or {}), dead
         self.clock, self.monotonic = clock, monotonic
         self.token: str | None = None
         self.version: str | None = None
@@ -198,6 +205,9 @@ class Lease:
         if info.get("released"):
             return self._take(mode)
         alive = _here(info)
+        if alive is None and self._known_dead(info):
+            _log.warning("taking over the lease %s of %s: its node is dead", self.where, _who(info))
+            return self._take(mode)
         if alive is False:
             _log.warning("taking over the lease %s of %s: that process no longer exists on this machine",
                          self.where, _who(info))  # fmt: skip
@@ -214,6 +224,16 @@ class Lease:
         held = LockHeld(self.where, _holder(info))  # type: ignore[arg-type]
         held.alive = bool(alive) or changed
         raise held
+
+    def _known_dead(self, info: dict[str, Any]) -> bool:
+        """Whether ``dead`` (the cluster's word: a Ray node that Ray found dead) says the holder is gone."""
+        if self.dead is None:
+            return False
+        try:
+            return bool(self.dead(info))
+        except Exception as exc:  # noqa: BLE001 - an unanswered question is no news: the lease is watched as before
+            _log.debug("could not tell whether the holder of %s is dead: %s", self.where, exc)
+            return False
 
     def _body(self, **extra: Any) -> bytes:
         return json.dumps({**self._info, **extra}).encode()
@@ -232,7 +252,7 @@ class Lease:
         and what is there is not ours."""
         now = self.clock()
         token = secrets.token_hex(16)
-        self._info = {"host": socket.gethostname(), "pid": os.getpid(), "machine": machine(), "token": token,
+        self._info = {**self.owner, "host": socket.gethostname(), "pid": os.getpid(), "machine": machine(), "token": token,
                       "beat": 0, "since": _since(now), "heartbeat": now, "ttl_s": self.ttl_s}  # fmt: skip
         try:
             version = self.store.put(self.key, self._body(), mode)

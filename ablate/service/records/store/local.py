@@ -18,7 +18,7 @@ import hashlib
 import os
 import shutil
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -189,6 +189,25 @@ class LocalStore(Store):
     def compact_log(self, key: str) -> None:
         """Nothing to do: a log on disk is one file."""
 
+    def linked_out(self, key: str) -> str | None:
+        """The target of the folder at ``key`` when it is a symbolic link or resolves outside the root, else None."""
+        folder = self.path(key_of(key))
+        target = folder.resolve()
+        if folder.is_symlink() or not target.is_relative_to(self.root.resolve()):
+            return str(target)
+        return None
+
+    def probe(self) -> None:
+        """The root folder made, and a probe file written in it and removed (a local run's lock is an ``flock``: it
+        needs no conditional write); the OSError of what failed."""
+        probe = self.root / f".ablate-write-test-{os.getpid()}"
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            probe.write_text("ok")
+        finally:
+            with contextlib.suppress(OSError):
+                probe.unlink(missing_ok=True)
+
     def make_folder(self, key: str) -> None:
         """Create the folder ``key`` (and its parents)."""
         self.path(key_of(key)).mkdir(parents=True, exist_ok=True)
@@ -203,8 +222,11 @@ class LocalStore(Store):
         with contextlib.suppress(OSError):
             self.root.rmdir()
 
-    def lock(self, key: str, *, ttl_s: float) -> PidLock:
-        """An ``flock`` on the file at ``key`` (``ttl_s`` unused: the kernel frees a dead holder's lock)."""
+    def lock(
+        self, key: str, *, ttl_s: float, owner: dict | None = None, dead: Callable[[dict], bool] | None = None
+    ) -> PidLock:
+        """An ``flock`` on the file at ``key`` (``ttl_s``, ``owner``, ``dead`` unused: the kernel frees a dead holder's
+        lock, and a shared disk's ``flock`` is the file server's)."""
         return PidLock(self.path(key_of(key)))
 
     def lock_holder(self, key: str, *, ttl_s: float) -> dict | None:
