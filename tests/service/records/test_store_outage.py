@@ -182,6 +182,9 @@ import signal, sys
 from ablate.service.records.store import CloudStore
 store = CloudStore(sys.argv[1])
 store.put("a", b"1")
+# Ctrl-C as an interactive Python takes it: a shell that runs the suite in the background (CI) hands its children
+# SIGINT ignored, and Python then leaves it ignored, so the child would not hear it
+signal.signal(signal.SIGINT, signal.default_int_handler)
 if sys.argv[2] == "SIGTERM":  # as `ablate run` handles it: an exception in the main thread
     def stop(sig, frame):
         raise SystemExit(143)
