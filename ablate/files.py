@@ -108,7 +108,8 @@ def read_file_text(path: str | os.PathLike, error: type[Exception]) -> str:
 
 
 def is_remote(uri: str | os.PathLike) -> bool:
-    """True for a pyarrow filesystem URI (``s3://``, ``gs://``); False for a local path or ``file://``."""
+    """True for a URI of a store that is not this machine's disk (``s3://``, ``gs://``, ``memory://``); False for a local
+    path or ``file://``."""
     text = str(uri)
     return "://" in text and not text.startswith("file://")
 

@@ -305,7 +305,7 @@ def bench_object_store(reports: int = 100, checkpoints: int = 10, trials: int = 
                     )
 
         # -- an Optuna search's study: a trial asked (6 settings), told `reports` intermediate values, and told its
-        # value, through the journal in the store (optuna.journal) against SQLite in a local optuna.db
+        # value, through the journal in the bucket (optuna.journal.d/) against the same journal in a local file
         search_trials = 10
 
         def search(storage) -> None:

@@ -245,6 +245,15 @@ def sigterm_after(argv: list[str], run_dir: Path, rows: int, log: Path) -> None:
         assert proc.wait(timeout=120) == 143, log.read_text()[-3000:]
 
 
+def optuna_journal(run_dir):
+    """A local run's study as Optuna itself opens it (``JournalFileBackend`` on ``RUN_DIR/optuna.journal``), the
+    storage docs/reports.md tells a user to load: what ablate writes must be Optuna's own format."""
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    return JournalStorage(JournalFileBackend(str(Path(run_dir) / "optuna.journal")))
+
+
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 right now."""
     with socket.socket() as s:

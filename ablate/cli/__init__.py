@@ -7,7 +7,6 @@ import json
 import os
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from ablate.analysis.text import generator_line, lambda_hat_line
@@ -189,13 +188,10 @@ def cmd_export(args: argparse.Namespace) -> int:
     from ablate.analysis.finished import edited_line
     from ablate.analysis.results import NothingToExport, export_results
     from ablate.service.records.reader import RunReader
-    from ablate.service.records.rundir import is_remote, split_run_dir
+    from ablate.service.records.store import output_location
 
-    run_dir = args.run_dir
     name = f"results-{args.grid}.csv" if args.grid else "results.csv"
-    if is_remote(run_dir):  # read where it is asked for, as `ablate report` does: RUN-results.csv here
-        name = f"{split_run_dir(run_dir)[1]}-{name}"
-    out = args.out or (name if is_remote(run_dir) else str(Path(run_dir) / name))
+    out = args.out or output_location(args.run_dir, name)  # a run in a bucket: RUN-results.csv here, as a report
     try:
         print(f"wrote {export_results(args.run_dir, out, args.grid)}")
         edited = edited_line(RunReader(args.run_dir, args.grid).disagreeing())

@@ -1,4 +1,4 @@
-"""Optuna's own views of an Optuna grid's study (RUN_DIR/optuna.db, or optuna.journal on object storage; study name =
+"""Optuna's own views of an Optuna grid's study (RUN_DIR/optuna.journal, or an earlier run's optuna.db; study name =
 grid name), beside ablate's panels.
 
 Three views, each computed as a plain DataFrame first (what the tests assert on), then drawn with

@@ -2,7 +2,7 @@
 
 The report reads the run through :func:`ablate.analysis.run.load_run` (JSON only) and never reaches back into
 training. Each panel is computed as a DataFrame first (:func:`build_panels`), then drawn; an Optuna grid's
-report adds Optuna's own views of its study (:mod:`ablate.reports.optuna_views`) when RUN_DIR/optuna.db exists.
+report adds Optuna's own views of its study (:mod:`ablate.reports.optuna_views`) when the run holds a study.
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import pandas as pd
 
@@ -28,7 +27,8 @@ from ablate.reports.spec import (
     load_dashboard,
 )
 from ablate.service.records.reader import RunReader
-from ablate.service.records.rundir import REPORT_FILE, RunError, is_remote, write_text
+from ablate.service.records.rundir import REPORT_FILE, RunError, write_text
+from ablate.service.records.store import output_location
 
 __all__ = [
     "DASHBOARD_DIR",
@@ -72,11 +72,7 @@ def default_out(run_dir: str | Path, grid: str | None = None) -> str:
     """Where a report goes unless told: RUN_DIR/report.html (``report-<grid>.html`` for one grid of a run that holds
     several); for a run on object storage (``s3://``, ``gs://``), a file of that name prefixed with the run's name
     in the current folder: the report is read where it is asked for, not written back into the store."""
-    name = f"report-{grid}.html" if grid else REPORT_FILE
-    if is_remote(run_dir):
-        run_name = urlsplit(str(run_dir)).path.rstrip("/").rsplit("/", 1)[-1]
-        return f"{run_name}-{name}"
-    return str(Path(run_dir) / name)
+    return output_location(run_dir, f"report-{grid}.html" if grid else REPORT_FILE)
 
 
 def write_report(

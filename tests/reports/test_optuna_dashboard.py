@@ -1,4 +1,4 @@
-"""Optuna's own dashboard on ablate's searches: `optuna-dashboard sqlite:///RUN_DIR/optuna.db` serves the study of a
+"""Optuna's own dashboard on ablate's searches: `optuna-dashboard RUN_DIR/optuna.journal` serves the study of a
 real smoke run of tune_aninfonce, with the run's trials, settings (list-valued encoder widths as JSON text) and
 final R² values."""
 
@@ -17,7 +17,7 @@ import pytest
 from conftest import free_port, runs_root, smoke_run
 
 from ablate.service.records.reader import RunReader
-from ablate.service.records.rundir import OPTUNA_DB, PARAMS_FILE, RESULT_FILE, optuna_storage_url
+from ablate.service.records.rundir import PARAMS_FILE, RESULT_FILE, STUDY_JOURNAL
 
 
 def _dashboard_exe() -> str | None:
@@ -64,11 +64,10 @@ def test_optuna_dashboard_serves_the_search_of_a_smoke_run(ray_session, tmp_path
     if exe is None:
         pytest.skip("optuna-dashboard is not installed (pip install -e '.[dashboard]' or '.[test]')")
     run_dir = smoke_run("tune_aninfonce", runs_root(tmp_path_factory))
-    assert (run_dir / OPTUNA_DB).is_file()
+    assert (run_dir / STUDY_JOURNAL).is_file()
     run = _run_trials(run_dir)
     port, log = free_port(), tmp_path / "optuna-dashboard.log"
-    cmd = [exe, "--host", "127.0.0.1", "--port", str(port), optuna_storage_url(run_dir)]
-    assert cmd[-1] == f"sqlite:///{run_dir / OPTUNA_DB}"  # the command docs/reports.md gives
+    cmd = [exe, "--host", "127.0.0.1", "--port", str(port), str(run_dir / STUDY_JOURNAL)]  # as docs/reports.md says
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
@@ -91,7 +90,7 @@ def test_optuna_dashboard_serves_the_search_of_a_smoke_run(ray_session, tmp_path
         for name in searched:
             want = mine["params"][name]
             got = params[name]["param_external_value"]
-            if name == "encoder_widths":  # stored as JSON text so that optuna.db can hold it
+            if name == "encoder_widths":  # stored as JSON text so that the study can hold it
                 assert params[name]["param_external_pytyp"] == "<class 'str'>"
                 assert json.loads(got) == want and got in ("[2,2]", "[2,4,2]")
             elif isinstance(want, float):

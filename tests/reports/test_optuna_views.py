@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import math
 
-from ablate.service.records.rundir import OPTUNA_DB, optuna_storage_url
+from conftest import optuna_journal
+
+from ablate.service.records.rundir import STUDY_JOURNAL
 
 VIEWS = ["optimization_history", "param_importances", "parallel_coordinate"]
 
@@ -19,7 +21,7 @@ def _study(tmp_path, n_complete: int, n_failed: int = 0):
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(study_name="s", storage=optuna_storage_url(tmp_path), direction="maximize")
+    study = optuna.create_study(study_name="s", storage=optuna_journal(tmp_path), direction="maximize")
     study.optimize(lambda t: t.suggest_float("lr", 0.0, 1.0) * t.suggest_int("width", 1, 4), n_trials=n_complete)
     for _ in range(n_failed):
         trial = study.ask()
@@ -53,7 +55,7 @@ def test_importances_of_a_single_trial_carry_optunas_warning(tmp_path):
 def test_a_damaged_study_file_is_a_note_not_a_crash(tmp_path):
     from ablate.reports.optuna_views import optuna_views
 
-    (tmp_path / OPTUNA_DB).write_text("not sqlite")
+    (tmp_path / STUDY_JOURNAL).write_text('{"op_code": 0, "worker_id": "w"}\nnot json\n')
     (view,) = optuna_views(tmp_path, "x")
     assert view.figure is None and "could not be opened" in view.note
 
@@ -69,7 +71,7 @@ def test_the_report_of_a_smoke_optuna_search_holds_optunas_views(ray_session, tm
     grid = load_grid("tune_aninfonce", "smoke")
     outcome = run_grid(grid, storage=str(tmp_path), name="search", verbose=0)
     assert not outcome.failed
-    study = optuna.load_study(study_name=grid.name, storage=optuna_storage_url(outcome.run_dir))
+    study = optuna.load_study(study_name=grid.name, storage=optuna_journal(outcome.run_dir))
     finished = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     views = {v.name: v for v in optuna_views(outcome.run_dir, grid.name)}
     assert list(views) == VIEWS

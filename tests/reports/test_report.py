@@ -25,8 +25,8 @@ from ablate.reports.report import (
     watch_report,
     write_report,
 )
-from ablate.service.records.pidlock import PidLock
 from ablate.service.records.rundir import DRIVER_LOCK, RUN_MARKER, RunError
+from ablate.service.records.store.flock import PidLock
 from ablate.service.specs.grids import known_grids, load_grid
 
 

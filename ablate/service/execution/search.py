@@ -1,5 +1,5 @@
 """How Ray Tune searches a grid: a plain grid search, or Optuna (TPE) with ASHA, its study in the run directory
-(``optuna.db``, or ``optuna.journal`` on object storage: :mod:`ablate.service.records.study`)."""
+(Optuna's journal ``optuna.journal``: :mod:`ablate.service.records.study`)."""
 
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ def close_study(storage) -> None:
 
 
 def check_study(run_dir: str) -> None:
-    """Refuse to go on with a search whose study (``optuna.db``; ``optuna.journal`` on object storage) is gone while
+    """Refuse to go on with a search whose study (``optuna.journal``; ``optuna.db`` in an earlier version's run) is gone while
     its trial folders are not: a new study would know nothing of them, suggest their settings again and train on
     trials ASHA had stopped, mixing two searches in one record. Raises
     :class:`ablate.service.records.rundir.RunError`."""
@@ -169,8 +169,8 @@ def tune_config(
     """Ray Tune's TuneConfig for ``grid``: its ``units`` once each (a grid, :func:`unit_searcher`), or Optuna's
     TPE sampler with ASHA.
 
-    An Optuna grid keeps its study in the run directory (study name = grid name; ``optuna.db``, or
-    ``optuna.journal`` on object storage), so ``optuna.load_study``, optuna-dashboard and the report read it, and a
+    An Optuna grid keeps its study in the run directory (study name = grid name; Optuna's journal
+    ``optuna.journal``), so ``optuna.load_study``, optuna-dashboard and the report read it, and a
     later run of the search continues it: ``n_samples`` (the budget less the trials the study finished) are run,
     first the trials a stopped driver left running (each continues from its checkpoint), then new ones. ``study``:
     the study's storage the driver opened (:func:`ablate.service.records.study.study_storage`), else one is opened

@@ -40,7 +40,8 @@ from typing import Any
 from ablate.config import ConfigError, quote
 from ablate.files import atomic_write
 from ablate.service.execution.options import RunOptions, build_options, command_options, resume_words
-from ablate.service.records.rundir import RunError, check_run_name, check_writable, is_remote, resolve_run_dir
+from ablate.service.records.rundir import RunError, check_run_name, check_writable, resolve_run_dir
+from ablate.service.records.store import local_folder
 
 __all__ = [
     "SlurmJob",
@@ -164,7 +165,7 @@ def slurm_job(
     storage, name, cpus_per_trial = opts.storage, opts.name, opts.cpus_per_trial
     given = Path(grid)  # a grid file is named by its absolute path: the job may start in another folder
     grid_ref = str(resolve_grid_path(grid).resolve()) if given.suffix in (".yaml", ".yml") or given.exists() else grid
-    remote = is_remote(storage)
+    remote = (here := local_folder(storage)) is None  # the storage's folder on this machine; None for a bucket
     if remote:  # the job's `ablate run` gets the URI as it is, quoted; a control character would end a script line
         if any(ord(c) < 32 or ord(c) == 127 for c in storage):
             raise ConfigError(
@@ -172,8 +173,7 @@ def slurm_job(
             )
         folder = storage
     else:
-        folder = str(Path(storage).expanduser().resolve())
-        _check_word(folder, "--storage")
+        folder = _check_word(str(here.resolve()), "--storage")
     if script_dir is not None or remote:
         script_dir = _check_word(str(Path(script_dir or ".").expanduser().resolve()), "--script-dir")
     run = check_run_name(name or default_run_name(loaded))

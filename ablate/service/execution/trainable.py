@@ -27,8 +27,8 @@ from ablate.core.experiment import Experiment, NonFiniteLossError
 from ablate.service.execution.results import RAY_KEYS, REPORTS_KEY
 from ablate.service.execution.spare_cores import SpareCoreMeter
 from ablate.service.records.checkpoint_writer import CheckpointWriter
-from ablate.service.records.pidlock import LockHeld
 from ablate.service.records.record import TrialRecord, own_record
+from ablate.service.records.store.flock import LockHeld
 from ablate.service.records.trial import CHECKPOINT_FILE, checkpoint_names, record_of, solo_covered
 from ablate.service.records.trial_log import ERROR_KEY, ended, intact_rows
 from ablate.service.specs.params import PACK_KEY, config_from_params, flat_params

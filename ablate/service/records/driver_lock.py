@@ -2,7 +2,7 @@
 
 Two ``ablate run`` (or a ``--resume``) on one run directory at once would each start Ray, write their own trial
 folders and experiment state over the other's and export every point twice. The first takes an exclusive lock
-on ``<run_dir>/ablate_driver.lock`` (:data:`ablate.service.records.rundir.DRIVER_LOCK`, :mod:`ablate.service.records.pidlock`) before it writes
+on ``<run_dir>/ablate_driver.lock`` (:data:`ablate.service.records.rundir.DRIVER_LOCK`, :mod:`ablate.service.records.store.flock`) before it writes
 anything or starts Ray; a second is refused with the first one's pid, host and start time. The kernel releases
 the lock when the driver's process ends however it ends, so a dead driver never blocks a ``--resume``, and
 ``ablate status`` reads "running" only while the lock is held.
@@ -26,9 +26,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ablate.service.records.pidlock import LockHeld, PidLock
 from ablate.service.records.rundir import DRIVER_LOCK, RunError, check_writable
 from ablate.service.records.store import as_store
+from ablate.service.records.store.flock import LockHeld, PidLock
 from ablate.service.records.store.lease import Lease, LeaseLost
 
 __all__ = ["DRIVER_TTL_S", "DriverCheck", "busy_message", "driver_lock", "lease_lost", "one_driver"]
@@ -40,7 +40,7 @@ DRIVER_TTL_S = 60.0
 
 
 def busy_message(run_dir: str, holder: dict[str, Any]) -> str:
-    """The refusal of a second driver: who writes ``run_dir`` (from :class:`ablate.service.records.pidlock.LockHeld`)."""
+    """The refusal of a second driver: who writes ``run_dir`` (from :class:`ablate.service.records.store.flock.LockHeld`)."""
     pid, host, since = (holder.get(k) for k in ("pid", "host", "since"))
     who = f"ablate pid {pid} on host {host} since {since}" if pid else "another ablate process (starting up)"
     return f"{run_dir} is being written by {who}; wait for it or stop it"

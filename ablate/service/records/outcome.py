@@ -16,7 +16,7 @@ from typing import Any
 
 from ablate.service.records.plan import Plan
 from ablate.service.records.reader import RunReader
-from ablate.service.records.rundir import INTERRUPTED, INTERRUPTED_FILE, TRIAL_PREFIX, RunError, is_remote
+from ablate.service.records.rundir import INTERRUPTED, INTERRUPTED_FILE, TRIAL_PREFIX, RunError
 from ablate.service.records.store import as_store
 from ablate.service.specs.grids import Grid, axis_text
 
@@ -126,7 +126,7 @@ def collect_outcome(
     trial of a search), INTERRUPTED where a signal (``stop_signal``, 0 for none) stopped a trial, PENDING where one
     never started; records the stopped trials in ``RUN_DIR/ablate_interrupted.json`` (through the run's store). ``errors``: the errors Ray
     returned (a full disk among them is named in :attr:`RunOutcome.storage_full`)."""
-    where = run_dir if is_remote(run_dir) else Path(run_dir)
+    where = as_store(run_dir).local_file("") or run_dir  # a folder of this machine as a Path, else its URI
     outcome = RunOutcome(run_dir=where, grid=grid, wall_s=wall_s, plan=plan)
     outcome.stop_signal = stop_signal
     outcome.interrupted = bool(stop_signal)

@@ -36,7 +36,7 @@ __all__ = ["RunReader", "read_marker"]
 
 
 class RunReader:
-    """Reads the text files of a run directory on local disk or any pyarrow filesystem URI (s3://, gs://), through
+    """Reads the text files of a run directory on local disk or in a bucket (s3://, gs://), through
     its store (:func:`~ablate.service.records.store.open_store`)."""
 
     def __init__(self, run_dir: str | os.PathLike | Store, grid: str | None = None):

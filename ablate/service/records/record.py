@@ -25,7 +25,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ablate.service.records import trial as checkpoints
-from ablate.service.records.pidlock import LockHeld, PidLock
 from ablate.service.records.rundir import (
     BEST_CONFIG_FILE,
     ERROR_FILE,
@@ -37,6 +36,7 @@ from ablate.service.records.rundir import (
     TRIAL_PREFIX,
 )
 from ablate.service.records.store import FolderStore, Listing, Store, as_store
+from ablate.service.records.store.flock import LockHeld, PidLock
 from ablate.service.records.store.lease import Lease
 from ablate.service.records.trial_log import (
     cut_text,
@@ -56,7 +56,7 @@ __all__ = [
 ]
 
 #: The lock a trial holds on its folder while it trains (the store's: an ``flock`` on disk,
-#: :mod:`ablate.service.records.pidlock`; a lease in a bucket, :mod:`ablate.service.records.store.lease`).
+#: :mod:`ablate.service.records.store.flock`; a lease in a bucket, :mod:`ablate.service.records.store.lease`).
 TRIAL_LOCK = ".trial.lock"
 #: How long a trial's lease keeps one version before a waiter takes it over (renewed every third of it).
 TRIAL_TTL_S = 60.0
@@ -224,7 +224,7 @@ class TrialRecord:
 
         There is no time limit, by design: a held lock is a live process training this very setting (a search that
         suggests a setting its run is training now), and waiting for it is the right thing to do. On disk it is an
-        ``flock``, released by the kernel when its holder dies (:mod:`ablate.service.records.pidlock`); in a bucket a
+        ``flock``, released by the kernel when its holder dies (:mod:`ablate.service.records.store.flock`); in a bucket a
         lease (:mod:`ablate.service.records.store.lease`, ``ttl_s``) renewed by a heartbeat thread, taken over once this
         process has seen it unchanged for its ttl, or at once when its holder died on this machine or ``dead`` says its
         holder is gone (a Ray trial: the holder's node, written in the lease by ``owner``, is one Ray found dead)."""

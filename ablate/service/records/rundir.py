@@ -1,7 +1,7 @@
 """The run directory: its file names, its marker, its errors and how to write into it (reading it back:
 :mod:`ablate.service.records.reader`).
 
-A run lives in ``<storage>/<name>``, a local folder or a pyarrow filesystem URI (``s3://``, ``gs://``).
+A run lives in ``<storage>/<name>``, a local folder or a bucket's URI (``s3://``, ``gs://``).
 ablate writes :data:`RUN_MARKER` there first (the grid, its scale and the YAML text): ``--resume``,
 ``status``, ``export``, ``claims`` and ``report`` refuse a directory without it, so nothing is ever read
 (let alone unpickled) from a directory ablate did not write. Every other module names the files of a run
@@ -17,8 +17,8 @@ Layout of a run directory::
     trial_<id>/error.json      the last error of a trial that failed for good (ERROR_FILE)
     trial_<id>/stopped.json    a search's trial its scheduler stopped early (STOPPED_FILE)
     best_config.json           an Optuna grid's best setting (BEST_CONFIG_FILE)
-    optuna.db                  an Optuna grid's study (OPTUNA_DB, SQLite)
-    optuna.journal             on object storage, in its place: the study as Optuna's journal (STUDY_JOURNAL)
+    optuna.journal             an Optuna grid's study as Optuna's journal (STUDY_JOURNAL; in a bucket its entries
+                               optuna.journal.d/); optuna.db (OPTUNA_DB, SQLite) in a run made before 2026-11-29
     report.html                the report (REPORT_FILE)
     ablate_provenance.jsonl    what produced the run: one line per start and resume (PROVENANCE_FILE)
     ablate_environment.txt     the installed distributions at the newest start or resume (ENVIRONMENT_FILE)
@@ -36,13 +36,12 @@ from __future__ import annotations
 import json
 import os
 import re
+from pathlib import Path
 from typing import Any
 
 from ablate.files import (  # re-exported: the run directory's writes
     WriteError,
     atomic_write,
-    is_remote,
-    local_path,
     sweep_stale_temps,
 )
 from ablate.messages import quote
@@ -77,12 +76,11 @@ __all__ = [
     "check_run_name",
     "check_writable",
     "has_study",
-    "is_remote",
     "member_id",
-    "optuna_storage_url",
     "resolve_run_dir",
     "run_name",
     "split_run_dir",
+    "sqlite_study",
     "study_file",
     "sweep_stale_temps",
     "write_marker",
@@ -123,7 +121,7 @@ ERROR_FILE = "error.json"
 STOPPED_FILE = "stopped.json"
 #: Written when Ctrl-C stopped a run (the trials it stopped, the resume command); removed when --resume starts.
 INTERRUPTED_FILE = "ablate_interrupted.json"
-#: The driver's lock (ablate.service.records.pidlock): `ablate run` holds it for its whole life; no lock held = no live driver.
+#: The driver's lock (ablate.service.records.store.flock): `ablate run` holds it for its whole life; no lock held = no live driver.
 DRIVER_LOCK = "ablate_driver.lock"
 #: The status ablate shows for a trial that a Ctrl-C stopped before it finished (Ray's snapshot says RUNNING).
 INTERRUPTED = "INTERRUPTED"
@@ -185,22 +183,21 @@ def write_text(target: str | os.PathLike, text: str) -> str:
     return write_file(target, text.encode("utf-8"))
 
 
-def optuna_storage_url(run_dir: str | os.PathLike) -> str:
-    """SQLAlchemy URL of a local run's Optuna study (``sqlite:///RUN_DIR/optuna.db``)."""
-    return f"sqlite:///{local_path(run_dir).resolve() / OPTUNA_DB}"
+def sqlite_study(run_dir: str | os.PathLike) -> Path | None:
+    """The SQLite study ``optuna.db`` of a run an earlier version of ablate made on a file system, else None."""
+    found = as_store(str(run_dir)).local_file(OPTUNA_DB)
+    return found if found is not None and found.is_file() else None
 
 
 def study_file(run_dir: str | os.PathLike) -> str:
-    """The name of the run's study file: ``optuna.db`` on a file system, ``optuna.journal`` on object storage."""
-    return STUDY_JOURNAL if is_remote(str(run_dir)) else OPTUNA_DB
+    """The name of the run's study file: ``optuna.journal``, or ``optuna.db`` in a run an earlier version of ablate
+    made on a file system."""
+    return OPTUNA_DB if sqlite_study(run_dir) else STUDY_JOURNAL
 
 
 def has_study(run_dir: str | os.PathLike) -> bool:
-    """Whether the run directory holds a study file (:func:`study_file`)."""
-    if is_remote(str(run_dir)):  # the journal's log entries (optuna.journal.d/), or an earlier version's object
-        store = as_store(str(run_dir))
-        return store.exists(f"{STUDY_JOURNAL}.d") or store.exists(STUDY_JOURNAL)
-    return (local_path(run_dir) / OPTUNA_DB).is_file()
+    """Whether the run directory holds a study (:func:`study_file`)."""
+    return sqlite_study(run_dir) is not None or as_store(str(run_dir)).has_log(STUDY_JOURNAL)
 
 
 def check_writable(storage: str) -> None:

@@ -1,7 +1,8 @@
-"""An Optuna search's study, kept in its run directory: on a file system the SQLite file ``optuna.db``
-(:data:`~ablate.service.records.rundir.OPTUNA_DB`, which optuna-dashboard and ``optuna.load_study`` open), on object
-storage, which has no file locks and no append, Optuna's journal ``optuna.journal`` (:data:`STUDY_JOURNAL`): one
-JSON line per operation on the study, in the format of Optuna's ``JournalFileBackend``.
+"""An Optuna search's study, kept in its run directory as Optuna's journal ``optuna.journal``
+(:data:`STUDY_JOURNAL`): one JSON line per operation on the study, in the format of Optuna's ``JournalFileBackend``
+(on a file system the file itself, which ``optuna-dashboard RUN_DIR/optuna.journal`` and ``optuna.load_study``
+open). A run an earlier version of ablate made on a file system keeps its SQLite study ``optuna.db``
+(:data:`~ablate.service.records.rundir.OPTUNA_DB`), read and written as it is.
 
 The journal is the store's append-only log at that key (:meth:`~ablate.service.records.store.base.Store.append_log`):
 in a bucket numbered entries ``optuna.journal.d/FFFFFFFFFF-LLLLLLLLLL``, each written once and create-only, merged
@@ -46,7 +47,7 @@ from typing import Any
 import optuna
 from optuna.storages.journal import BaseJournalBackend, JournalStorage
 
-from ablate.service.records.rundir import STUDY_JOURNAL, has_study, is_remote, optuna_storage_url
+from ablate.service.records.rundir import STUDY_JOURNAL, has_study, sqlite_study
 from ablate.service.records.store import Conflict, Store, as_store
 from ablate.service.records.store.lease import LeaseLost
 
@@ -63,12 +64,13 @@ _DEFERRED = {int(optuna.storages.journal._storage.JournalOperation.SET_TRIAL_INT
 def study_storage(
     run_dir: str | os.PathLike, *, check: Callable[[], None] | None = None
 ) -> optuna.storages.BaseStorage:
-    """The Optuna storage of the run's study: SQLite (``sqlite:///RUN_DIR/optuna.db``) on a file system, the
-    :class:`StoreJournal` on object storage, whose appends call ``check()`` first (it raises when the driver lost
-    its lease)."""
-    if is_remote(str(run_dir)):
-        return JournalStorage(StoreJournal(as_store(str(run_dir)), check=check))
-    return optuna.storages.RDBStorage(optuna_storage_url(run_dir))
+    """The Optuna storage of the run's study: Optuna's journal ``optuna.journal`` as the run's store keeps it
+    (:class:`StoreJournal`), whose appends call ``check()`` first (it raises when the driver lost its lease); a run
+    an earlier version of ablate made on a file system keeps its SQLite study ``optuna.db``."""
+    legacy = sqlite_study(run_dir)
+    if legacy is not None:
+        return optuna.storages.RDBStorage(f"sqlite:///{legacy.resolve()}")
+    return JournalStorage(StoreJournal(as_store(str(run_dir)), check=check))
 
 
 def load_study(run_dir: str | os.PathLike, study_name: str, storage: optuna.storages.BaseStorage | None = None):
@@ -171,8 +173,9 @@ class StoreJournal(BaseJournalBackend):
 
 
 def flush_study(storage: optuna.storages.BaseStorage) -> None:
-    """Append what a study on object storage holds and its journal does not yet, and make the journal one piece
-    (:meth:`StoreJournal.close`; the driver calls this at a search's end); nothing to do for SQLite."""
+    """Append what the study holds and its journal does not yet, and make the journal one piece
+    (:meth:`StoreJournal.close`; the driver calls this at a search's end); nothing to do for an earlier run's
+    SQLite study."""
     backend = getattr(storage, "_backend", None)
     if isinstance(backend, StoreJournal):
         backend.close()

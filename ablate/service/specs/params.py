@@ -11,7 +11,7 @@ from ablate.config import RunConfig
 __all__ = ["JSON_CHOICES", "META_KEYS", "PACK_KEY", "RECORD_KEY", "config_from_params", "flat_params", "pack_members"]
 
 #: Param key listing the Optuna choices whose values are lists or mappings. Optuna stores only None, bool,
-#: int, float and str choices, so such a value travels as its JSON text (what optuna.db and optuna-dashboard
+#: int, float and str choices, so such a value travels as its JSON text (what the study and optuna-dashboard
 #: show, e.g. ``[10,50,10]``); :func:`flat_params` turns it back into the value.
 JSON_CHOICES = "json_choices"
 #: Param key of a pack trial's members (their grid points), and of a member's ``<pack trial id>:<index>`` label.

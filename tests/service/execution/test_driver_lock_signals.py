@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from conftest import _session_pids, run_logged, smoke_cmd
 
-from ablate.service.records.pidlock import LockHeld, PidLock, lock_holder
 from ablate.service.records.rundir import DRIVER_LOCK
+from ablate.service.records.store.flock import LockHeld, PidLock, lock_holder
 
 REPORTS = 8
 STEPS = 5 * REPORTS
@@ -92,7 +92,7 @@ def test_the_lock_names_its_holder_and_dies_with_it(tmp_path):
     """A second PidLock is refused with the holder's pid and host; the kernel frees it when the holder dies."""
     path = tmp_path / "run" / DRIVER_LOCK
     holder = subprocess.Popen(
-        [sys.executable, "-c", f"from ablate.service.records.pidlock import PidLock; import time; PidLock({str(path)!r}).acquire(); "
+        [sys.executable, "-c", f"from ablate.service.records.store.flock import PidLock; import time; PidLock({str(path)!r}).acquire(); "
          "print('locked', flush=True); time.sleep(600)"],
         stdout=subprocess.PIPE, text=True,
     )  # fmt: skip

@@ -184,9 +184,8 @@ def test_nonfinite_trial_under_optuna_is_recorded_as_failed(ray_session, tmp_pat
         assert error["failures"] == 1, "a non-finite loss is not retried (--max-failures 2)"
     assert outcome.best_config is None
     import optuna
+    from conftest import optuna_journal
 
-    from ablate.service.records.rundir import optuna_storage_url
-
-    study = optuna.load_study(study_name="diverging", storage=optuna_storage_url(str(outcome.run_dir)))
+    study = optuna.load_study(study_name="diverging", storage=optuna_journal(outcome.run_dir))
     states = [t.state for t in study.get_trials(deepcopy=False)]
     assert states == [optuna.trial.TrialState.FAIL] * 2, states  # as for a trial that raised, never COMPLETE

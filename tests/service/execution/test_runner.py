@@ -51,7 +51,7 @@ def test_every_grid_runs_through_the_cli_at_smoke_scale(name, ray_session, tmp_p
     # Ray Tune keeps its own files (experiment states, tuner.pkl, error.pkl, params.pkl) outside the run directory,
     # on every Ray ablate supports (this test is in the lowest Ray's contract set: Makefile RAY_LOW_TESTS)
     ours = {rundir.RUN_MARKER, rundir.PROVENANCE_FILE, rundir.ENVIRONMENT_FILE, rundir.DRIVER_LOCK}
-    ours |= {rundir.OPTUNA_DB, rundir.BEST_CONFIG_FILE, rundir.REPORT_FILE}
+    ours |= {rundir.STUDY_JOURNAL, rundir.BEST_CONFIG_FILE, rundir.REPORT_FILE}
     foreign = sorted(p.name for p in run_dir.iterdir() if p.is_file() and p.name not in ours)
     foreign += sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*.pkl"))
     assert not foreign, f"Ray Tune wrote into the run directory: {foreign}"
@@ -77,10 +77,11 @@ def test_optuna_with_a_time_budget_ranks_settings_at_equal_seconds(ray_session, 
     assert outcome.best_config is not None and set(outcome.best_config["config"]) <= set(grid.optuna.space)
 
 
-def test_an_optuna_grid_stores_its_study_in_sqlite_that_optuna_can_open(ray_session, tmp_path):
+def test_an_optuna_grid_stores_its_study_as_a_journal_that_optuna_can_open(ray_session, tmp_path):
     import optuna
+    from conftest import optuna_journal
 
-    from ablate.service.records.rundir import OPTUNA_DB, optuna_storage_url
+    from ablate.service.records.rundir import OPTUNA_DB, STUDY_JOURNAL
 
     grid = load_grid("tune_aninfonce", "smoke")
     with warnings.catch_warnings(record=True) as caught:
@@ -88,8 +89,8 @@ def test_an_optuna_grid_stores_its_study_in_sqlite_that_optuna_can_open(ray_sess
         outcome = run_grid(grid, storage=str(tmp_path), name="study", verbose=0)
     # Optuna persists only scalar choices: the encoder widths travel as their JSON text, with no warning
     assert not [w for w in caught if "categorical distribution" in str(w.message)], [str(w.message) for w in caught]
-    assert (outcome.run_dir / OPTUNA_DB).is_file()
-    study = optuna.load_study(study_name=grid.name, storage=optuna_storage_url(outcome.run_dir))
+    assert (outcome.run_dir / STUDY_JOURNAL).is_file() and not (outcome.run_dir / OPTUNA_DB).exists()
+    study = optuna.load_study(study_name=grid.name, storage=optuna_journal(outcome.run_dir))
     finished = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     assert len(finished) == len(outcome.trials) == grid.n_trials
     # each study trial's value is the R² its Ray trial last reported, with the sampled parameters
@@ -104,5 +105,5 @@ def test_an_optuna_grid_stores_its_study_in_sqlite_that_optuna_can_open(ray_sess
         assert trial.params["encoder_widths"] == by_value[round(trial.last["r2"], 9)]
     # a resume of the finished search reopens the same study instead of starting another one
     run_grid(grid, storage=str(tmp_path), name="study", verbose=0, resume=True)
-    again = optuna.load_study(study_name=grid.name, storage=optuna_storage_url(outcome.run_dir))
+    again = optuna.load_study(study_name=grid.name, storage=optuna_journal(outcome.run_dir))
     assert len(again.trials) == len(study.trials)

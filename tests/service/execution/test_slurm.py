@@ -21,8 +21,8 @@ import pytest
 from conftest import run_logged
 from slurm_local import INSTALL_HINT, local_slurm
 
-from ablate.service.records.pidlock import PidLock
 from ablate.service.records.rundir import DRIVER_LOCK, PROVENANCE_FILE
+from ablate.service.records.store.flock import PidLock
 
 pytestmark = pytest.mark.ray
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
-from conftest import run_logged, sigterm_after, smoke_cmd
+from conftest import optuna_journal, run_logged, sigterm_after, smoke_cmd
 
 from ablate.analysis.results import load_results
 from ablate.service.execution.runner import run_grid
@@ -91,7 +91,7 @@ def _delete_ray_files(run_dir: Path) -> list[str]:
     """Every file at the run's root that is not ablate's (Ray Tune's experiment states, tuner.pkl, searcher and
     variant states, if it wrote any there)."""
     ours = {"ablate_run.json", "ablate_provenance.jsonl", "ablate_environment.txt"}
-    ours |= {"ablate_driver.lock", "ablate_interrupted.json", "optuna.db", "report.html"}
+    ours |= {"ablate_driver.lock", "ablate_interrupted.json", "optuna.journal", "report.html"}
     gone = [p.name for p in run_dir.iterdir() if p.is_file() and p.name not in ours]
     for name in gone:
         (run_dir / name).unlink()
@@ -221,7 +221,7 @@ def test_a_pack_member_s_cut_log_is_refilled_on_resume(tmp_path, ray_session, ab
 
 
 @pytest.mark.ray
-def test_a_search_stopped_twice_resumes_to_its_budget_with_optuna_db_and_the_folders_agreeing(
+def test_a_search_stopped_twice_resumes_to_its_budget_with_its_study_and_the_folders_agreeing(
     tmp_path, ablate_cli, ray_session
 ):
     import optuna
@@ -235,7 +235,7 @@ def test_a_search_stopped_twice_resumes_to_its_budget_with_optuna_db_and_the_fol
         assert "--resume" in stopped and "Tuner.restore" not in stopped, stopped[-3000:]  # ablate's hint, not Ray's
     final = ablate_cli(*argv[3:], "--resume")  # in this process, on the suite's Ray
     assert final.returncode == 0, final.stderr[-3000:]
-    study = optuna.load_study(study_name="tune_aninfonce", storage=f"sqlite:///{run_dir / 'optuna.db'}")
+    study = optuna.load_study(study_name="tune_aninfonce", storage=optuna_journal(run_dir))
     closed = set(study.user_attrs.get("ablate_continued", []))
     trials = study.get_trials(deepcopy=False)
     counted = [t for t in trials if t.number not in closed]

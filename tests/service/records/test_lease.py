@@ -27,8 +27,8 @@ from s3_server import fresh_s3_uri
 
 import ablate.service.records.store.lease as lease_module
 from ablate.service.records.driver_lock import busy_message
-from ablate.service.records.pidlock import LockHeld
 from ablate.service.records.store import CREATE, CloudStore, LocalStore, Match, MemoryStore, Store
+from ablate.service.records.store.flock import LockHeld
 from ablate.service.records.store.lease import Lease, LeaseLost, holder
 
 KEY = "ablate_driver.lock"

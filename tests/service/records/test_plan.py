@@ -118,21 +118,19 @@ def test_a_search_trial_killed_while_its_settings_were_drawn_is_closed_not_evalu
     """kill -9 can land while Optuna writes a new trial's settings one by one: that trial never ran, and asking
     Tune to evaluate its partial settings again failed the resume ("Dim of point ... and parameter_names")."""
     import optuna
+    from conftest import optuna_journal
 
     from ablate.service.execution.search import finished_samples, unfinished_points
-    from ablate.service.records.rundir import optuna_storage_url
 
     grid = load_grid("tune_aninfonce", "smoke")
-    study = optuna.create_study(study_name=grid.name, storage=optuna_storage_url(str(tmp_path)), direction="maximize")
+    study = optuna.create_study(study_name=grid.name, storage=optuna_journal(tmp_path), direction="maximize")
     full = {name: 1 for name in grid.optuna.space}
     for params in (full, {"report_every": 5}):
         trial = study.ask()
         for name, value in params.items():
             study._storage.set_trial_param(trial._trial_id, name, value, optuna.distributions.IntDistribution(0, 9))
     assert unfinished_points(grid, str(tmp_path)) == [full]
-    states = [
-        t.state for t in optuna.load_study(study_name=grid.name, storage=optuna_storage_url(str(tmp_path))).trials
-    ]
+    states = [t.state for t in optuna.load_study(study_name=grid.name, storage=optuna_journal(tmp_path)).trials]
     assert states == [optuna.trial.TrialState.FAIL] * 2
     assert finished_samples(grid, str(tmp_path)) == 0  # closed as continued: neither counts against the budget
 

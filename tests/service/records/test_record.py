@@ -18,7 +18,7 @@ def test_a_trial_waits_for_its_folder_s_lock_while_another_process_trains_it_and
     holder = subprocess.Popen(
         [sys.executable, "-c", (
             "import sys, time\n"
-            "from ablate.service.records.pidlock import PidLock\n"
+            "from ablate.service.records.store.flock import PidLock\n"
             "PidLock(sys.argv[1]).acquire(); print('held', flush=True); time.sleep(5)\n"
         ), str(Path(trial.folder) / TRIAL_LOCK)],
         stdout=subprocess.PIPE, text=True,

@@ -16,7 +16,6 @@ from s3_server import fresh_s3_uri
 from unfinished_runs import finished_smoke_run
 
 from ablate.files import WriteError
-from ablate.service.records.pidlock import PidLock
 from ablate.service.records.reader import RunReader
 from ablate.service.records.rundir import DRIVER_LOCK, PROVENANCE_FILE, RESULT_FILE, RUN_MARKER
 from ablate.service.records.store import (
@@ -30,6 +29,7 @@ from ablate.service.records.store import (
     check_conditional,
     open_store,
 )
+from ablate.service.records.store.flock import PidLock
 
 s3_query = s3_server.s3_query  # the module's S3 server (a fixture)
 

@@ -255,9 +255,18 @@ def test_the_storage_pickles_as_ray_tune_snapshots_its_searcher():
     assert _view(optuna.load_study(study_name="tune", storage=copy)) == _view(study)
 
 
-def test_a_local_run_keeps_its_study_in_sqlite(tmp_path):
-    """On a file system the study stays optuna.db (optuna-dashboard's sqlite:/// URL), as before."""
-    assert study_file(tmp_path) == OPTUNA_DB and not has_study(tmp_path)
-    _search(study_storage(tmp_path), n=2)
-    assert has_study(tmp_path) and (tmp_path / OPTUNA_DB).is_file() and not (tmp_path / STUDY_JOURNAL).exists()
-    assert len(load_study(tmp_path, "tune").trials) == 2
+def test_a_local_run_keeps_its_study_as_optunas_journal_file_and_an_earlier_runs_sqlite_study_as_it_is(tmp_path):
+    """On a file system the study is the file optuna.journal, which Optuna's own JournalFileBackend (and so
+    optuna-dashboard) opens as it is; a run an earlier version made keeps its optuna.db, read and continued."""
+    from conftest import optuna_journal
+
+    new, old = tmp_path / "new", tmp_path / "old"
+    assert study_file(new) == STUDY_JOURNAL and not has_study(new)
+    _search(study_storage(new), n=2)
+    assert has_study(new) and (new / STUDY_JOURNAL).is_file() and not (new / OPTUNA_DB).exists()
+    assert _view(optuna.load_study(study_name="tune", storage=optuna_journal(new))) == _view(load_study(new, "tune"))
+    old.mkdir()
+    _search(optuna.storages.RDBStorage(f"sqlite:///{old / OPTUNA_DB}"), n=2)
+    assert has_study(old) and study_file(old) == OPTUNA_DB
+    _trials(load_study(old, "tune"), 1)  # a resumed search goes on in its SQLite study
+    assert len(load_study(old, "tune").trials) == 3 and not (old / STUDY_JOURNAL).exists()

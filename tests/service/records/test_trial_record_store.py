@@ -20,9 +20,9 @@ import torch
 from s3_server import fresh_s3_uri
 
 from ablate.service.records.checkpoint_writer import CheckpointWriter
-from ablate.service.records.pidlock import PidLock
 from ablate.service.records.record import TRIAL_LOCK, RunRecord, TrialRecord
 from ablate.service.records.store import CloudStore, LocalStore, Store, as_store
+from ablate.service.records.store.flock import PidLock
 from ablate.service.records.store.lease import Lease
 from ablate.service.records.trial import checkpoint_names, load_state
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import os
+from pathlib import Path
 
 from ablate.files import is_remote, local_path
 from ablate.service.records.store.base import (
@@ -47,8 +48,10 @@ __all__ = [
     "as_store",
     "check_conditional",
     "child_location",
+    "local_folder",
     "normal_location",
     "open_store",
+    "output_location",
     "parent_location",
     "write_file",
 ]
@@ -89,6 +92,13 @@ def normal_location(storage: str | os.PathLike) -> str:
     return str(local_path(text).expanduser().resolve())
 
 
+def local_folder(location: str | os.PathLike) -> Path | None:
+    """The folder of this machine that ``location`` names (``~`` expanded), or None for a bucket's or memory's URI;
+    opens nothing (:meth:`Store.local_file` asks an open store)."""
+    text = str(location)
+    return None if is_remote(text) else local_path(text).expanduser()
+
+
 def child_location(storage: str | os.PathLike, name: str) -> str:
     """``<storage>/<name>``: under a local folder (made absolute), or in a bucket with the URI's query kept at its
     end (``s3://b/runs/NAME?query``)."""
@@ -105,6 +115,15 @@ def parent_location(location: str | os.PathLike) -> tuple[str, str]:
     if not storage and base.startswith("/"):
         storage = "/"  # a file at the root of the file system
     return storage + mark + query, name
+
+
+def output_location(run_dir: str | os.PathLike, name: str) -> str:
+    """Where a file made from a run (a report, an exported table) goes unless told: ``RUN_DIR/<name>`` for a run in a
+    folder of this machine; for a run in a bucket, ``<run name>-<name>`` in the current folder (read where it is
+    asked for, not written back into the store)."""
+    if is_remote(str(run_dir)):
+        return f"{parent_location(run_dir)[1]}-{name}"
+    return str(Path(run_dir) / name)
 
 
 def write_file(target: str | os.PathLike, data: bytes) -> str:

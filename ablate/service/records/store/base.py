@@ -18,6 +18,7 @@ import secrets
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import NamedTuple, Protocol
 
 from ablate.service.records.store.listing import Listing
@@ -54,9 +55,9 @@ PutMode = str | Match
 
 
 class Lock(Protocol):
-    """One writer at a time (:meth:`Store.lock`): an ``flock`` on disk (:class:`~ablate.service.records.pidlock.
+    """One writer at a time (:meth:`Store.lock`): an ``flock`` on disk (:class:`~ablate.service.records.store.flock.
     PidLock`), a lease in a bucket (:class:`~ablate.service.records.store.lease.Lease`). ``acquire`` raises
-    :class:`~ablate.service.records.pidlock.LockHeld` naming the holder; ``check`` raises when the lock was lost
+    :class:`~ablate.service.records.store.flock.LockHeld` naming the holder; ``check`` raises when the lock was lost
     (a lease taken over) and is called before each write under it."""
 
     def acquire(self) -> Lock: ...
@@ -189,6 +190,10 @@ class Store(ABC):
         process writes the store's logs, so a log it read once may be read again without a request."""
         raise NotImplementedError
 
+    def has_log(self, key: str) -> bool:
+        """Whether a log is at ``key`` (one request in a bucket, where its entries may be all there is)."""
+        return self.exists(key)
+
     def read_log(self, key: str, listing: Listing | None = None) -> bytes | None:
         """The lines of the log at ``key``, or None when there is none. On disk a last line a killed writer cut
         may end them (a reader skips it; the next append cuts it). ``listing``: a scan that covers the log, to read
@@ -234,6 +239,11 @@ class Store(ABC):
     def linked_out(self, key: str) -> str | None:
         """Where the folder at ``key`` leads when it is a link, or leads out of the root (on disk); None when it is a
         folder of its own (always in a bucket, which has no links)."""
+        return None
+
+    def local_file(self, key: str) -> Path | None:
+        """The path on this machine's file system of the file at ``key`` (there or not), for a program that opens
+        files by path (SQLite, a browser); None where the store is not a folder of this machine."""
         return None
 
     def probe(self) -> None:
@@ -349,6 +359,12 @@ class FolderStore(Store):
 
     def linked_out(self, key: str) -> str | None:
         return self.parent.linked_out(self._at(key))
+
+    def local_file(self, key: str) -> Path | None:
+        return self.parent.local_file(self._at(key))
+
+    def has_log(self, key: str) -> bool:
+        return self.parent.has_log(self._at(key))
 
     def probe(self) -> None:
         self.parent.probe()

@@ -14,7 +14,7 @@ from typing import Any
 from ablate.service.records.store.base import Store, key_of
 from ablate.service.records.store.lease import Lease, holder
 from ablate.service.records.store.listing import Listing
-from ablate.service.records.store.segments import SegmentLogs
+from ablate.service.records.store.segments import SegmentLogs, folder_of
 
 __all__ = ["BucketStore"]
 
@@ -46,6 +46,10 @@ class BucketStore(Store):
 
     def own_logs(self, owned: bool) -> None:
         self._segments.own(owned)
+
+    def has_log(self, key: str) -> bool:
+        """Whether the log's entries' folder is there, or a log an earlier version of ablate wrote whole."""
+        return self.exists(folder_of(key)) or self.exists(key)
 
     def read_log(self, key: str, listing: Listing | None = None) -> bytes | None:
         return self._segments.read(key, listing)

@@ -7,7 +7,7 @@ times). Its safety rests on the store alone, never on waiting or on two hosts' c
 
 - **Taking it** is one create-only put (no lease there), or one put that matches the version read (a released,
   damaged or stale lease). Of two starters racing, the store lets exactly one write; the other gets
-  :class:`~ablate.service.records.pidlock.LockHeld`, the refusal a ``flock`` raises.
+  :class:`~ablate.service.records.store.flock.LockHeld`, the refusal a ``flock`` raises.
 - **Stale** means: this waiter has seen the *same version* of the lease for ``ttl_s`` on its own monotonic clock.
   A live holder renews every third of its ttl, so its version changes; the holder's wall-clock heartbeat is never
   compared with the waiter's clock (a host whose clock is off neither takes a live lease nor keeps a dead one).
@@ -40,8 +40,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ablate.service.records.pidlock import LockHeld
 from ablate.service.records.store.base import CREATE, Conflict, Got, Match, PutMode, Store
+from ablate.service.records.store.flock import LockHeld
 
 __all__ = ["TTL_S", "Lease", "LeaseLost", "holder", "machine"]
 

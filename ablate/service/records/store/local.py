@@ -5,7 +5,7 @@ version is a hash of the content (as S3's ETag is). A :data:`~ablate.service.rec
 its temporary into place (``link`` fails when a file is there: atomic); a
 :class:`~ablate.service.records.store.base.Match` put compares and renames under an ``flock`` of the file's folder,
 which every put but a create takes, so a compare and its write are one step for every writer of this store. Its
-lock is an ``flock`` (:class:`~ablate.service.records.pidlock.PidLock`), which the kernel releases when its holder
+lock is an ``flock`` (:class:`~ablate.service.records.store.flock.PidLock`), which the kernel releases when its holder
 dies.
 """
 
@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import BinaryIO
 
 from ablate.files import TEMP_FILE, WriteError, sweep_stale_temps
-from ablate.service.records.pidlock import PidLock, lock_holder
 from ablate.service.records.store.base import CREATE, Got, Match, PutMode, Store, key_of
+from ablate.service.records.store.flock import PidLock, lock_holder
 from ablate.service.records.store.listing import Listing
 
 __all__ = ["LocalStore", "version_of"]
@@ -197,6 +197,10 @@ class LocalStore(Store):
             return str(target)
         return None
 
+    def local_file(self, key: str) -> Path | None:
+        """The file's path: the store is a folder of this machine."""
+        return self.path(key_of(key, root_ok=True))
+
     def probe(self) -> None:
         """The root folder made, and a probe file written in it and removed (a local run's lock is an ``flock``: it
         needs no conditional write); the OSError of what failed."""
@@ -230,7 +234,7 @@ class LocalStore(Store):
         return PidLock(self.path(key_of(key)))
 
     def lock_holder(self, key: str, *, ttl_s: float) -> dict | None:
-        """The live holder of the ``flock`` at ``key`` (:func:`ablate.service.records.pidlock.lock_holder`)."""
+        """The live holder of the ``flock`` at ``key`` (:func:`ablate.service.records.store.flock.lock_holder`)."""
         return lock_holder(self.path(key_of(key)))
 
 
