@@ -45,7 +45,7 @@ $(LOW)/ablate: pyproject.toml examples/ablate-align-uniform/pyproject.toml
 # auth on 2.60 and none on 2.52, and ablate must join each in its mode); the rest of the suite checks ablate's own
 # logic, which does not change with Ray's version (a resume with Ray's files deleted, for one: Ray writes none there)
 RAY_LOW_TESTS ?= "tests/service/execution/test_runner.py::test_every_grid_runs_through_the_cli_at_smoke_scale[batch_vs_dim]" \
-	tests/service/execution/test_runner.py::test_an_optuna_grid_stores_its_study_in_sqlite_that_optuna_can_open \
+	tests/service/execution/test_runner.py::test_an_optuna_grid_stores_its_study_as_a_journal_that_optuna_can_open \
 	tests/service/execution/test_rungs.py::test_new_trials_meet_the_rungs_of_the_finished_ones \
 	tests/service/execution/test_faults.py::test_trial_that_raises_is_retried_from_its_checkpoint \
 	tests/service/execution/test_driver_lock_signals.py::test_sigterm_stops_like_ctrl_c_exit_143_and_resume_completes \
