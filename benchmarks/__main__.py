@@ -1,4 +1,4 @@
-"""`python -m benchmarks [--quick] [--only step,sampler,memory,ray,syncs,profile,compile,time_to_r2,reference_curve,generator,overhead,threads,bookkeeping,shared_ray,ray_cpu,pair_loss,prefetch,object_store]`.
+"""`python -m benchmarks [--quick] [--only step,sampler,memory,ray,syncs,profile,compile,time_to_r2,reference_curve,generator,overhead,threads,bookkeeping,shared_ray,ray_cpu,pair_loss,prefetch,object_store,chaos]`.
 
 Prints ablate's performance tables.
 
@@ -11,7 +11,9 @@ Prints ablate's performance tables.
   bimodal setting with --preset, per --seeds); reference_curve (the RunConfig defaults for --steps steps, R²,
   loss and Λ̂ every 1000 steps, per --seeds); generator (seconds to build the papers' g per d); object_store
   (requests, bytes and seconds per report, checkpoint, lease and status read on moto's S3 server against a local
-  folder: benchmarks/object_store.py, needs moto[server]).
+  folder: benchmarks/object_store.py, needs moto[server]); chaos (a grid of --trials smoke trials on a two-node
+  cluster, undisturbed and while a trial process is killed every --kill-every s and the worker node once:
+  benchmarks/chaos.py).
 The GPU check is `python -m benchmarks.gpu_check OUT_DIR` (benchmarks/gpu_check.py).
 """
 
@@ -322,7 +324,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=10_000, help="reference_curve: training steps")
     p.add_argument("--run-dirs", default="", help="overhead: comma-separated finished run directories")
     p.add_argument("--slots", type=int, help="overhead: trial slots the runs had (default: CPUs)")
-    p.add_argument("--trials", type=int, default=1000, help="bookkeeping: number of smoke trials")
+    p.add_argument("--trials", type=int, help="bookkeeping (default 1000) and chaos (default 16): smoke trials")
+    p.add_argument("--kill-every", type=float, default=5.0, help="chaos: seconds between kills")
     p.add_argument("--reports", type=int, default=100, help="object_store: reports of the measured trial's log")
     p.add_argument("--status-trials", type=int, default=4, help="object_store: trials of the run `ablate status` reads")
     p.add_argument(
@@ -390,8 +393,19 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks.ray_scale import bench_thread_determinism
 
         _print("the same seeded trial trained twice with 1 and twice with 2 torch threads", bench_thread_determinism())
+    if "chaos" in parts:  # opt-in: a grid on a two-node cluster while trial processes and a node die
+        from benchmarks.chaos import bench_chaos
+
+        n = args.trials or 16
+        _print(
+            f"chaos: {n} smoke trials on a two-node cluster (1 CPU each), a trial process killed every "
+            f"{args.kill_every:g} s, the worker node at the third kill",
+            bench_chaos(n, args.kill_every),
+        )
     if "bookkeeping" in parts:  # opt-in: N smoke trials through Ray Tune
         from benchmarks.ray_scale import bench_bookkeeping, bench_bookkeeping_records
+
+        args.trials = args.trials or 1000
 
         records = tuple(args.record.split(","))
         title = f"bookkeeping: {args.trials} smoke trials on {os.cpu_count()} CPUs"

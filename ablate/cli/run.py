@@ -149,7 +149,7 @@ def _run_one(args: argparse.Namespace, run) -> int:
     """Run one checked grid (:class:`ablate.service.execution.preflight.CheckedRun`) and say how it ended."""
     from ablate.service.execution.cluster import auth_hint
     from ablate.service.execution.runner import run_grid
-    from ablate.service.records.outcome import StorageFull, summary_rows
+    from ablate.service.records.outcome import StorageFull, retry_line, summary_rows
     from ablate.service.specs.grids import natural_key
 
     grid = run.grid
@@ -198,8 +198,10 @@ def _run_one(args: argparse.Namespace, run) -> int:
         print(f"{len(outcome.failed)} trial(s) did not finish:", file=sys.stderr)
         for t in outcome.failed:
             print(f"  {t.trial_id} [{t.label}]: {t.error}", file=sys.stderr)
-        return 1
-    return 0
+    retried = retry_line(outcome)
+    if retried:  # the run's last line: what it retried, and why
+        print(retried, file=sys.stderr if outcome.failed else sys.stdout, flush=True)
+    return 1 if outcome.failed else 0
 
 
 def _interrupted_text(outcome, resume: str) -> str:

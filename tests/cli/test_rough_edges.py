@@ -163,7 +163,7 @@ BAD_OPTIONS = [
     (["--gpus-per-trial", "-0.5"], "argument --gpus-per-trial: must be a number >= 0 (GPUs per trial"),
     (["--keep-checkpoints", "0"], "argument --keep-checkpoints: must be an integer >= 1 (checkpoints kept"),
     (["--max-concurrent", "0"], "argument --max-concurrent: must be an integer >= 1 (trials running at once)"),
-    (["--max-failures", "-1"], "argument --max-failures: must be an integer >= 0 (retries of a failed trial"),
+    (["--max-failures", "-1"], "argument --max-failures: must be an integer >= 0 (failures a trial may have"),
     (["--name", ""], "argument --name: expected a run name (one folder name inside --storage), got ''"),
 ]
 

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from ray.tune import Callback
 
 from ablate.service.execution.results import split_reports
+from ablate.service.execution.retries import Retries, failure_reason
 from ablate.service.records.record import TrialRecord, own_record, trial_records
 from ablate.service.records.trial import record_of
 from ablate.service.records.trial_log import ERROR_KEY, finished, seconds_of
@@ -33,11 +35,15 @@ class ResultLog(Callback):
     written beside the log (``error.json``, as for a trial that failed for good) and said in one line.
     """
 
-    def __init__(self, check: Callable[[], None] | None = None):
+    def __init__(self, check: Callable[[], None] | None = None, retries: Retries | None = None):
         """``check()``: run before each write; it raises when the driver may no longer write the run (its lease on
-        object storage was lost, :class:`ablate.service.records.driver_lock.DriverCheck`), which ends the run."""
+        object storage was lost, :class:`ablate.service.records.driver_lock.DriverCheck`), which ends the run.
+        ``retries``: told of each trial Ray retries, and why (:class:`ablate.service.execution.retries.Retries`)."""
         super().__init__()
         self._check = check or _unchecked
+        self._retries = retries
+        #: unit id → (Tune's count of its failures, its last error) for each trial that failed for good
+        self.failed: dict[str, tuple[int, str | None]] = {}
         self._offset: dict[str, float] = {}
         self._known: dict[str, tuple[int, int]] = {}  # folder -> (rows in its log, last step)
         self._marked: set[str] = set()  # folders this driver wrote an error or stopped file into
@@ -66,8 +72,11 @@ class ResultLog(Callback):
         if known is None or not isinstance(step, int) or step <= known[1]:  # first report here, or a replay
             rows = trial.rows()
             if isinstance(step, int) and rows and rows[-1]["step"] >= step:  # reported again from a checkpoint
-                rows = [r for r in rows if r["step"] < step]
-                trial.rewrite(rows)
+                kept = [r for r in rows if r["step"] < step]
+                trial.rewrite(kept)
+                if self._retries is not None:
+                    self._retries.redone += len(rows) - len(kept)
+                rows = kept
             # the trial (re)started in this driver: its clock starts at 0, after the time its log holds already
             self._offset[key] = seconds_of(rows)
             known = (len(rows), rows[-1]["step"] if rows else -1)
@@ -113,8 +122,18 @@ class ResultLog(Callback):
                 self._marked.add(str(record.folder))
                 record.write_stopped("the scheduler", rows[-1]["step"])
 
+    def on_trial_recover(self, iteration, trials, trial, **info):
+        """Ray retries a trial that failed while it trained: say why to ``retries``."""
+        record = record_of(trial.config)
+        if self._retries is not None and record is not None:
+            self._retries.ray_retried(record["id"], failure_reason(_last_error(trial)))
+
     def on_trial_error(self, iteration, trials, trial, **info):
-        """A trial that failed for good in this driver: its error beside its log (a resume runs it again)."""
+        """A trial that failed for good in this driver: its error beside its log (a resume, or the runner's retry
+        of a trial whose process died, runs it again)."""
+        record = record_of(trial.config)
+        if record is not None:
+            self.failed[record["id"]] = (int(getattr(trial, "num_failures", 1) or 1), _last_error(trial))
         try:
             trace = trial.get_error() or ""  # Ray's text of the trial's last error (its traceback)
         except Exception:  # noqa: BLE001 - the record of an error must not fail the driver
@@ -125,6 +144,16 @@ class ResultLog(Callback):
         for record in _records(trial):
             self._marked.add(str(record.folder))
             record.write_error(lines[-1] if lines else "the trial failed", max(int(failures or 1), 1))
+
+
+def _last_error(trial) -> str | None:
+    """The text of a trial's last failure (its traceback) as Tune writes it in the driver's folder (``error.txt``;
+    Ray's file, read as text, outside the run directory); None if there is none."""
+    try:
+        path = trial.error_file
+        return Path(path).read_text(errors="replace") if path else None
+    except OSError:
+        return None
 
 
 def _unchecked() -> None:

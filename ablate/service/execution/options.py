@@ -106,7 +106,8 @@ class RunOptions(BaseModel):
     max_failures: int = Field(
         2,
         ge=0,
-        description="retries of a failed trial from its checkpoint; 0 retries none",
+        description="failures a trial may have, each retried from its checkpoint (a dead process or node, its own "
+        "error); 0 retries none",
         json_schema_extra=_meta(commands=("run",), resume=False),
     )
     tensorboard: bool = Field(

@@ -8,29 +8,30 @@ that remains, and nothing Ray writes is read back. ``ray.init`` and the cluster 
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
 import tempfile
 import time
+from collections import Counter
 from typing import Any
 
-from ablate import __version__, ray_compat
+from ablate import ray_compat
 from ablate.service.execution.cluster import init_ray
 from ablate.service.execution.options import RunOptions
 from ablate.service.execution.preflight import CheckedRun, prepare_run
 from ablate.service.execution.probes import grid_plugins, probe_acceptance, probe_plugins
+from ablate.service.execution.retries import Retries, run_again, units_left
 from ablate.service.execution.search import check_study, close_study, open_study, save_best, tune_config
 from ablate.service.records.driver_lock import one_driver
 from ablate.service.records.outcome import RunOutcome, StorageFull, collect_outcome, full_disk, storage_full_message
 from ablate.service.records.plan import Plan, check_trial_folders, plan_run
 from ablate.service.records.provenance import record_provenance
 from ablate.service.records.reader import read_marker
+from ablate.service.records.run_marker import marker_after
 from ablate.service.records.rundir import (
     DRIVER_LOCK,
     INTERRUPTED_FILE,
-    MARKER_TIME_FORMAT,
     RUN_MARKER,
     RunError,
     resolve_run_dir,
@@ -55,60 +56,12 @@ _log = logging.getLogger("ablate.runner")
 PROGRESS_METRICS = ("step", "r2", "loss", "mcc")
 
 
-def _marker(grid: Grid, run_dir: str, plan: Plan | None, pack: int) -> dict[str, Any]:
-    """The run marker after this run: the grid it ran last (name, scale, preset, YAML text, axes), every point ever
-    run into the run (``points``: trial id → settings, the record readers trust) and each run's entry."""
-    before = read_marker(run_dir) if as_store(run_dir).exists(RUN_MARKER) else {}
-    points = dict(before.get("points") or {})
-    if plan is not None:
-        points.update({p.trial_id: json.loads(json.dumps(p.params, default=str)) for p in plan.points})
-    runs = list(before.get("runs") or [])
-    runs.append(
-        {
-            "grid": grid.name,
-            "scale": grid.scale,
-            "preset": grid.preset,
-            "settings": json.loads(json.dumps(grid.overrides, default=str)),
-            "variants": [v.name for v in grid.variants],
-            "points": [p.trial_id for p in plan.points] if plan is not None else [],
-            "plan": plan.summary() if plan is not None else None,
-            "time": time.strftime(MARKER_TIME_FORMAT),
-        }
-    )
-    about = {
-        "scale": grid.scale,
-        "preset": grid.preset,
-        "grid_file": str(grid.path),
-        "grid_yaml": grid.text,
-        "search": grid.search,
-        "axes": grid.axis_names(),
-        "variants": [v.name for v in grid.variants],
-    }
-    grids = {**(before.get("grids") or {}), grid.name: about}  # each grid's own, for reading one of several
-    return {
-        "ablate_version": __version__,
-        "grids": grids,
-        "grid": grid.name,
-        **about,
-        "n_trials": len(_points_of(grid.name, runs)) if grid.search == "grid" else grid.n_trials,
-        "created": before.get("created", time.strftime(MARKER_TIME_FORMAT)),
-        "pack": pack,
-        "points": points,
-        "runs": runs,
-    }
-
-
-def _points_of(grid: str, runs: list[dict[str, Any]]) -> set[str]:
-    """The ids of the points every run of ``grid`` into the run holds."""
-    return {i for r in runs if r.get("grid") == grid for i in r.get("points", [])}
-
-
-def _callbacks(tensorboard: bool, check) -> list:
+def _callbacks(tensorboard: bool, check, retries: Retries) -> list:
     """ablate's result log (:class:`ablate.service.execution.callbacks.ResultLog`, which runs ``check()`` before it
-    writes), and TensorBoard's if asked for."""
+    writes and tells ``retries`` of Ray's), and TensorBoard's if asked for."""
     from ablate.service.execution.callbacks import ResultLog
 
-    cbs: list = [ResultLog(check)]
+    cbs: list = [ResultLog(check, retries)]
     if tensorboard:
         from ray.tune.logger import TBXLoggerCallback
 
@@ -211,12 +164,31 @@ def _run_locked(
     started = time.time()
     if plan is not None and not plan.units:  # every point finished already: nothing for Ray to do
         return collect_outcome(grid, run_dir, plan, stop_signal=0, pack=pack, wall_s=0.0, errors={})
-    results, stop_signal = _fit(grid, opts, run_dir, plan, pack, num_cpus, trainable, on_start, check)
-    errors = {_record_id(r.config): r.error for r in results if r.error is not None}
+    retries, settings = Retries(opts.max_failures), _plan_settings(opts, pack)
+    todo, errors = plan, {}
+    while True:  # a grid's units whose process or node died run again (:mod:`.retries`); a search's do not
+        results, stop_signal, failed = _fit(
+            grid, opts, run_dir, todo, pack, num_cpus, trainable, on_start, check, retries
+        )
+        errors.update({_record_id(r.config): r.error for r in results if r.error is not None})
+        if todo is None or stop_signal:
+            break
+        left = units_left(grid, run_dir, todo, **settings)
+        again = retries.again({u[RECORD_KEY]["id"] for u in left.units}, failed)
+        if not again:
+            break
+        check()
+        why = Counter(retries.retried[u][-1] for u in again)
+        _log.warning("%d trial(s) run again: %s", len(again), ", ".join(f"{n}× {w}" for w, n in why.items()))
+        for unit in again:
+            errors.pop(unit, None)
+        todo, on_start = run_again(left, again, run_dir), None
+        retries.redone += todo.redone
     check()
     outcome = collect_outcome(
         grid, run_dir, plan, stop_signal=stop_signal, pack=pack, wall_s=time.time() - started, errors=errors
     )
+    outcome.retried, outcome.redone = retries.retried, retries.redone
     if grid.search == "optuna":
         outcome.best_config = save_best(grid, run_dir)
     return outcome
@@ -269,24 +241,36 @@ def _plan_into(grid: Grid, opts: RunOptions, run_dir: str, pack: int, exists: bo
     marker and this start's provenance."""
     plan = None
     if grid.search == "grid":  # a search's trials send every report: its scheduler and searcher judge each
-        plan = plan_run(
-            grid,
-            run_dir,
-            pack=pack,
-            keep=opts.keep_checkpoints,
-            every=opts.checkpoint_every,
-            results_every=opts.results_every,
-        )
-    write_marker(run_dir, _marker(grid, run_dir, plan, pack))
+        plan = plan_run(grid, run_dir, **_plan_settings(opts, pack))
+    write_marker(run_dir, marker_after(grid, run_dir, plan, pack))
     record_provenance(run_dir, "resume" if exists else "start", plugins=grid_plugins(grid))
     return plan
 
 
+def _plan_settings(opts: RunOptions, pack: int) -> dict[str, Any]:
+    """The options a plan of the run is made with (:func:`ablate.service.records.plan.plan_run`)."""
+    return {
+        "pack": pack,
+        "keep": opts.keep_checkpoints,
+        "every": opts.checkpoint_every,
+        "results_every": opts.results_every,
+    }
+
+
 def _fit(
-    grid: Grid, opts: RunOptions, run_dir: str, plan: Plan | None, pack: int, num_cpus, trainable, on_start, check
-) -> tuple[Any, int]:
+    grid: Grid,
+    opts: RunOptions,
+    run_dir: str,
+    plan: Plan | None,
+    pack: int,
+    num_cpus,
+    trainable,
+    on_start,
+    check,
+    retries: Retries,
+) -> tuple[Any, int, dict[str, tuple[int, str | None]]]:
     """Start (or join) Ray and let Tune train the plan's units or the search's trials; (Tune's results, the
-    signal that stopped the run or 0)."""
+    signal that stopped the run or 0, each unit that failed for good: Tune's count of its failures, its error's text)."""
     ray_compat.set_tune_environment(num_cpus)
     from ray import tune
 
@@ -321,7 +305,7 @@ def _fit(
             storage_path=ray_storage,
             checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=0, checkpoint_at_end=False),
             failure_config=tune.FailureConfig(max_failures=opts.max_failures),
-            callbacks=_callbacks(opts.tensorboard, check),
+            callbacks=(callbacks := _callbacks(opts.tensorboard, check, retries)),
             progress_reporter=_reporter(grid),
             verbose=opts.verbose,
         ),
@@ -344,7 +328,7 @@ def _fit(
         else:
             shutil.rmtree(ray_storage, ignore_errors=True)
     close_study(study)  # on object storage: the reports told last (each trial's start and end are uploaded)
-    return results, interrupted()
+    return results, interrupted(), callbacks[0].failed
 
 
 def _param_space(grid: Grid, plan: Plan | None, run_dir: str, keep: int, every: float = 0.0) -> dict[str, Any]:

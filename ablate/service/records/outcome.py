@@ -10,6 +10,7 @@ import math
 import os
 import re
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ __all__ = [
     "TrialOutcome",
     "collect_outcome",
     "full_disk",
+    "retry_line",
     "storage_full_message",
     "summary_rows",
 ]
@@ -95,6 +97,9 @@ class RunOutcome:
     interrupted: bool = False  # Ctrl-C or SIGTERM stopped the run; --resume continues it
     stop_signal: int = 0  # the signal that stopped it (signal.SIGINT or signal.SIGTERM), 0 if none
     storage_full: str | None = None  # a trial failed because the storage is full: what could not be written
+    #: unit (a trial, or a pack) → why each of its retries happened (Ray's within a round, the runner's after one)
+    retried: dict[str, list[str]] = field(default_factory=dict)
+    redone: int = 0  # reports trained again by the retried trials (those after the checkpoint each continued from)
 
     @property
     def failed(self) -> list[TrialOutcome]:
@@ -153,6 +158,20 @@ def collect_outcome(
         info = {"trials": stopped, "time": time.time()}
         as_store(run_dir).write_text(INTERRUPTED_FILE, json.dumps(info, indent=1))
     return outcome
+
+
+def retry_line(outcome: RunOutcome) -> str | None:
+    """``retried N trial(s) M time(s) …: a× why, b× why; R report(s) trained again`` for a run whose trials were
+    retried (None: none was)."""
+    if not outcome.retried:
+        return None
+    reasons = Counter(why for whys in outcome.retried.values() for why in whys)
+    times = sum(reasons.values())
+    whys = ", ".join(f"{n}× {why}" for why, n in reasons.most_common())
+    return (
+        f"retried {len(outcome.retried)} trial(s) {times} time(s), each from its own checkpoint: {whys}; "
+        f"{outcome.redone} report(s) trained again (--max-failures bounds each trial's failures)"
+    )
 
 
 def _label(params: dict[str, Any], grid: Grid) -> str:

@@ -67,6 +67,7 @@ class Plan:
     new_packs: dict[str, list[str]] = field(default_factory=dict)  # pack id → members: pack.json written
     cuts: dict[str, int] = field(default_factory=dict)  # trial id → its log is cut back to this step (0: all)
     drops: dict[str, int | None] = field(default_factory=dict)  # trial or pack id → checkpoints past it dropped
+    redone: int = 0  # reports the cut logs dropped, to be trained again (set by apply_plan)
     #: the run's files as the decision read them (one scan), which its writes read again rather than the store
     listing: Listing | None = field(default=None, repr=False, compare=False)
 
@@ -75,6 +76,25 @@ class Plan:
         return (
             f"{len(self.points)} points: {len(self.reused)} reused, {len(self.continued)} continued, "
             f"{len(self.started)} started"
+        )
+
+    def only(self, units: set[str]) -> Plan:
+        """This plan cut down to the units whose ids (a point's trial id, a pack's id) are in ``units``: only
+        their points' files are written when it is applied, only they run (the runner's retries)."""
+        kept = [u for u in self.units if u[RECORD_KEY]["id"] in units]
+        trials = {t for u in kept for t in u[RECORD_KEY].get("members", [u[RECORD_KEY]["id"]])}
+        return Plan(
+            self.points,
+            reused=[t for t in self.reused if t in trials],
+            continued=[t for t in self.continued if t in trials],
+            started=[t for t in self.started if t in trials],
+            units=kept,
+            kept_packs=sum(1 for u in kept if "members" in u[RECORD_KEY]),
+            params=[p for p in self.params if p.trial_id in trials],
+            new_packs={k: v for k, v in self.new_packs.items() if k in units},
+            cuts={k: v for k, v in self.cuts.items() if k in trials},
+            drops={k: v for k, v in self.drops.items() if k in trials or k in units},
+            listing=self.listing,
         )
 
     def solo_line(self) -> str | None:
@@ -238,6 +258,7 @@ def apply_plan(plan: Plan, run_dir: str | os.PathLike | Store) -> Plan:
         TrialRecord(run_dir, pid).write_pack(members)
     for tid, step in plan.cuts.items():
         before, kept = TrialRecord(run_dir, tid).cut(step, listing)
+        plan.redone += before - kept
         if kept < before and tid in plan.drops:  # a solo trial's (a pack says nothing per member)
             _log.warning("%s: continues from step %d; its reports after it (%d) are run again", tid, step,
                          before - kept)  # fmt: skip

@@ -64,3 +64,38 @@ def counting(log: Path, *, pack: bool = False):
             return super().step()
 
     return Counting
+
+
+def dying(counter_dir: Path, *, times: int = 1, at_step: int | None = None):
+    """A Trainable class whose process dies (``os._exit``, as a kill or a lost node ends it: no exception, no
+    cleanup) the first ``times`` times each point is handed to it: as Tune hands a reused actor its next point
+    (``reset_config``), or, with ``at_step``, once the point's training passes that step. Counted per point in
+    files of ``counter_dir``, so the count runs across Ray's and the runner's retries."""
+    import os
+
+    from ablate.service.execution.trainable import AblateTrainable
+    from ablate.service.records.trial import record_of
+
+    counter_dir = Path(counter_dir)
+    counter_dir.mkdir(parents=True, exist_ok=True)
+
+    def die_once(config) -> None:
+        counter = counter_dir / record_of(config)["id"]
+        fired = int(counter.read_text()) if counter.exists() else 0
+        if fired < times:
+            counter.write_text(str(fired + 1))
+            os._exit(1)
+
+    class Dying(AblateTrainable):
+        def reset_config(self, new_config):
+            if at_step is None:
+                die_once(new_config)
+            return super().reset_config(new_config)
+
+        def _report(self):
+            step = self.experiment.step
+            if at_step is not None and step < at_step <= step + self.run_config.report_every:
+                die_once(self.params)
+            return super()._report()
+
+    return Dying

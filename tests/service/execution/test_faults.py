@@ -189,3 +189,72 @@ def test_nonfinite_trial_under_optuna_is_recorded_as_failed(ray_session, tmp_pat
     study = optuna.load_study(study_name="diverging", storage=optuna_journal(outcome.run_dir))
     states = [t.state for t in study.get_trials(deepcopy=False)]
     assert states == [optuna.trial.TrialState.FAIL] * 2, states  # as for a trial that raised, never COMPLETE
+
+
+def _four_point_grid():
+    grid = _one_trial_grid()
+    grid.axes = {"batch_size": [32, 64], "latent_dim": [3, 4]}
+    return grid
+
+
+def _log_rows(run_dir) -> dict[str, list[dict]]:
+    return {
+        p.name: [json.loads(line) for line in (p / "result.json").read_text().splitlines() if line.strip()]
+        for p in sorted(run_dir.glob("trial_*"))
+        if p.is_dir()
+    }
+
+
+def _undisturbed(params: dict) -> list[tuple]:
+    """(r2, loss, mcc) of each report of the trial of ``params`` stepped to its end in this process, with the one
+    torch thread a trial has in the Ray session."""
+    import torch
+
+    from ablate.service.execution.trainable import AblateTrainable
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        trainable, rows = AblateTrainable(config=params), []
+        while not rows or not rows[-1]["done"]:
+            rows.append(trainable.step())
+        trainable.stop()
+    finally:
+        torch.set_num_threads(threads)
+    return [(r["r2"], r["loss"], r["mcc"]) for r in rows]
+
+
+def test_a_trial_whose_process_dies_between_points_is_run_again_in_the_same_run(ray_session, tmp_path, caplog):
+    """issue 46: Tune reuses a trial's actor for the next grid point; an actor that dies as it is handed its point
+    ends that point ERROR before it trains, and Ray does not retry it. The runner runs it again in the same run,
+    from its own record, and says so; its numbers are those of an undisturbed trial. A point that keeps dying stops at
+    --max-failures, counted over Ray's retries and the runner's together."""
+    from ablate.service.execution.retries import PROCESS_DIED
+    from ablate.service.records.outcome import retry_line
+    from tests.service.execution.faulty import dying
+
+    hit = run_grid(
+        _four_point_grid(), storage=str(tmp_path), name="hit", verbose=0, trainable=dying(tmp_path / "deaths")
+    )
+    assert not hit.failed, [t.error for t in hit.failed]
+    died = {f.name for f in (tmp_path / "deaths").iterdir()}
+    assert died, "no actor was reused for a next point: the test did not test the case"
+    assert set(hit.retried) == died and {w for ws in hit.retried.values() for w in ws} == {PROCESS_DIED}, hit.retried
+    (again,) = [r.getMessage() for r in caplog.records if "run again" in r.getMessage()]  # the runner's retry
+    assert again == f"{len(died)} trial(s) run again: {len(died)}× {PROCESS_DIED}"
+    assert retry_line(hit).startswith(f"retried {len(died)} trial(s) ")
+    for trial, rows in _log_rows(hit.run_dir).items():  # each report once, the numbers of an undisturbed trial
+        params = json.loads((hit.run_dir / trial / "params.json").read_text())
+        assert [r["step"] for r in rows] == [5, 10, 15, 20, 25], trial
+        assert [(r["r2"], r["loss"], r["mcc"]) for r in rows] == _undisturbed(params), trial
+
+    bounded = run_grid(
+        _one_trial_grid(), storage=str(tmp_path), name="bounded", verbose=0, max_failures=1,
+        trainable=dying(tmp_path / "always", times=100, at_step=10),
+    )  # fmt: skip
+    (failed,) = bounded.failed  # it dies each time it trains past step 10: Ray's one retry, then no more
+    assert "ActorDiedError" in failed.error, failed.error
+    assert bounded.retried == {failed.trial_id: [PROCESS_DIED]}, bounded.retried
+    assert (
+        len(list((tmp_path / "always").iterdir())) == 1 and (tmp_path / "always" / failed.trial_id).read_text() == "2"
+    )
