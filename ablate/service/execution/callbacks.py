@@ -10,7 +10,7 @@ from typing import Any
 from ray.tune import Callback
 
 from ablate.service.execution.results import split_reports
-from ablate.service.execution.retries import Retries, failure_reason
+from ablate.service.execution.retries import Retries, error_line, failure_reason, last_failure
 from ablate.service.records.record import TrialRecord, own_record, trial_records
 from ablate.service.records.trial import record_of
 from ablate.service.records.trial_log import ERROR_KEY, finished, seconds_of
@@ -123,27 +123,36 @@ class ResultLog(Callback):
                 record.write_stopped("the scheduler", rows[-1]["step"])
 
     def on_trial_recover(self, iteration, trials, trial, **info):
-        """Ray retries a trial that failed while it trained: say why to ``retries``."""
+        """Ray retries a trial that failed while it trained: one line says why (Ray's traceback of each failure is
+        not printed: :func:`ablate.ray_compat.set_tune_environment`), and ``retries`` is told."""
         record = record_of(trial.config)
-        if self._retries is not None and record is not None:
-            self._retries.ray_retried(record["id"], failure_reason(_last_error(trial)))
+        if record is None:
+            return
+        text = _last_error(trial)
+        if self._retries is not None:
+            self._retries.ray_retried(record["id"], failure_reason(text))
+        limit = int(getattr(trial, "max_failures", 0)) + 1
+        _log.warning(
+            "trial %s failed (%s): retried from its checkpoint, failure %d of at most %d",
+            record["id"], error_line(text), int(getattr(trial, "num_failures", 1) or 1), limit,
+        )  # fmt: skip
 
     def on_trial_error(self, iteration, trials, trial, **info):
-        """A trial that failed for good in this driver: its error beside its log (a resume, or the runner's retry
-        of a trial whose process died, runs it again)."""
+        """A trial that failed for good in this driver (Ray retries it no more): one line, and its error beside its
+        log, with the traceback of its last failure (a resume, or the runner's retry of a trial whose process died,
+        runs it again)."""
         record = record_of(trial.config)
-        if record is not None:
-            self.failed[record["id"]] = (int(getattr(trial, "num_failures", 1) or 1), _last_error(trial))
-        try:
-            trace = trial.get_error() or ""  # Ray's text of the trial's last error (its traceback)
-        except Exception:  # noqa: BLE001 - the record of an error must not fail the driver
-            trace = ""
-        lines = [line.strip() for line in str(trace).splitlines() if line.strip()]
-        failures = getattr(trial, "num_failures", 1)  # Tune's count: the first failure and each retry's
+        if record is None:
+            return
+        text = _last_error(trial)
+        failures = int(getattr(trial, "num_failures", 1) or 1)  # Tune's count: the first failure and each retry's
+        self.failed[record["id"]] = (failures, text)
+        line = error_line(text)
+        _log.warning("trial %s failed %d time(s), not retried by Ray: %s", record["id"], failures, line)
         self._check()
-        for record in _records(trial):
-            self._marked.add(str(record.folder))
-            record.write_error(lines[-1] if lines else "the trial failed", max(int(failures or 1), 1))
+        for member in _records(trial):
+            self._marked.add(str(member.folder))
+            member.write_error(line, failures, trace=last_failure(text))
 
 
 def _last_error(trial) -> str | None:

@@ -22,7 +22,18 @@ from ablate.service.records.plan import Plan, apply_plan, decide_run
 from ablate.service.specs.grids import Grid
 from ablate.service.specs.params import RECORD_KEY
 
-__all__ = ["LOST", "NODE_DIED", "PROCESS_DIED", "Retries", "death_of", "failure_reason", "run_again", "units_left"]
+__all__ = [
+    "LOST",
+    "NODE_DIED",
+    "PROCESS_DIED",
+    "Retries",
+    "death_of",
+    "error_line",
+    "failure_reason",
+    "last_failure",
+    "run_again",
+    "units_left",
+]
 
 #: Why a unit was run again: its trial process died (killed, crashed, out of memory by the kernel's hand)…
 PROCESS_DIED = "its trial process died"
@@ -43,6 +54,7 @@ _DEATH_TEXTS = (
 )
 #: The exceptions of Ray a traceback's text names.
 _NAMED = re.compile(r"\bray\.exceptions\.(\w+)")
+_COLOUR = re.compile(r"\x1b\[[0-9;]*m")
 _PID = re.compile(r"\bpid[:=] ?(\d+)")
 _RAISED = re.compile(r"^(?:[\w.]+\.)?(\w+(?:Error|Exception|Fault))\b", flags=re.M)
 
@@ -107,6 +119,24 @@ def _failures(error: BaseException | str | None, count: int) -> int:
             again += pid[1] in seen
             seen.add(pid[1])
     return max(int(count) - again, 1)
+
+
+def last_failure(text: str | None) -> str | None:
+    """The last failure of Tune's ``error.txt`` of a trial (it holds each, the last one last), without its colours."""
+    if not text:
+        return None
+    text = _COLOUR.sub("", text)
+    return text.rsplit("Failure # ", 1)[-1].partition("\n")[2].strip() or text.strip()
+
+
+def error_line(text: str | None) -> str:
+    """A trial's last failure in one line: :func:`death_of`'s words for a dead process or node, else the last line
+    of its traceback (``NAME: message``)."""
+    died = death_of(text)
+    if died is not None:
+        return died
+    lines = [line.strip() for line in (last_failure(text) or "").splitlines() if line.strip()]
+    return lines[-1] if lines else "the trial failed"
 
 
 class Retries:

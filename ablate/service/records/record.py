@@ -185,13 +185,16 @@ class TrialRecord:
         _write_json(self.store, self._key(PACK_FILE), {"members": members}, indent=2)
 
     # ---------------------------------------------------------------- error and stopped files
-    def write_error(self, error: str, failures: int) -> None:
-        """The trial's error beside its log (``error.json``: its last line and how often it failed in this driver);
-        nothing when the folder is gone, and a full disk is let pass (the run's outcome names the error)."""
+    def write_error(self, error: str, failures: int, trace: str | None = None) -> None:
+        """The trial's error beside its log (``error.json``: its last line, how often it failed in this driver and,
+        when given, the traceback of its last failure); nothing when the folder is gone, and a full disk is let pass
+        (the run's outcome names the error)."""
         there = self.store.exists(self.name)
         if there:
             with contextlib.suppress(OSError):
-                info = {"error": error[-2000:], "failures": failures}
+                info: dict = {"error": error[-2000:], "failures": failures}
+                if trace:
+                    info["trace"] = trace[-20000:]
                 _write_json(self.store, self._key(ERROR_FILE), info, indent=1)
 
     def clear_error(self, listing: Listing | None = None) -> None:

@@ -40,13 +40,29 @@ def test_trial_that_raises_is_retried_from_its_checkpoint(ray_session, tmp_path)
             assert a[key] == b[key], (key, a["step"])
 
 
-def test_trial_that_keeps_failing_errors_without_taking_others_down(ray_session, tmp_path):
+def test_trial_that_keeps_failing_errors_without_taking_others_down(ray_session, tmp_path, capfd, caplog):
+    """A trial's own error (a plugin that raises) fails it once per allowed failure, one line each on the console
+    (no Ray traceback), its traceback in its error.json; it is not run again by the runner (issue 46)."""
     grid = _one_trial_grid()
     grid.variants = [VariantSpec(name="healthy"), VariantSpec(name="broken", lr=2e-4)]
     broken = faulty(tmp_path / "faults", at_step=7, times=10, variant="broken")
+    capfd.readouterr()
     outcome = run_grid(grid, storage=str(tmp_path), name="broken", verbose=0, max_failures=1, trainable=broken)
+    console = capfd.readouterr()
     (failed,) = outcome.failed
     assert failed.params["variant"]["name"] == "broken" and "injected fault" in failed.error
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith(f"trial {failed.trial_id} failed")]
+    assert lines == [
+        f"trial {failed.trial_id} failed (tests.service.execution.faulty.InjectedFault: injected fault at step 7 (1 "
+        "of 10)): retried from its checkpoint, failure 1 of at most 2",
+        f"trial {failed.trial_id} failed 2 time(s), not retried by Ray: tests.service.execution.faulty.InjectedFault: "
+        "injected fault at step 7 (2 of 10)",
+    ], lines
+    assert "Traceback" not in console.out + console.err and "Trial task failed" not in console.out + console.err
+    assert not [r for r in caplog.records if "run again" in r.getMessage()], "its own error is not run again"
+    error = json.loads((outcome.run_dir / f"trial_{failed.trial_id}" / "error.json").read_text())
+    assert error["failures"] == 2 and error["error"] == lines[1].split("not retried by Ray: ")[1]
+    assert error["trace"].startswith("ray::") and "in _report" in error["trace"] and "(2 of 10)" in error["trace"]
     (healthy,) = [t for t in outcome.trials if t.status == "TERMINATED"]
     assert healthy.last["step"] == 25
     from ablate.analysis.status import run_status
