@@ -251,12 +251,12 @@ def _retry_numbers(output: str) -> tuple[int, int, int]:
     return 0, 0, 0
 
 
-def bench_chaos(trials: int = 16, kill_every: float = 5.0, steps: int = 40, max_failures: int = 20) -> list[dict]:
+def bench_chaos(trials: int = 16, kill_every: float = 5.0, steps: int = 800, max_failures: int = 20) -> list[dict]:
     """The chaos benchmark's rows: an undisturbed run and one under the killer, of the same grid on one cluster."""
     rows = []
     with tempfile.TemporaryDirectory(prefix="ablate-chaos-") as tmp, TwoNodeCluster() as cluster:
         root = Path(tmp)
-        grid = chaos_grid(root / "chaos.yaml", trials, steps)
+        grid = chaos_grid(root / "chaos.yaml", trials, steps, report_every=steps // 8)
         common = [str(grid), "--scale", "smoke", "--storage", str(root / "runs"), "--address", cluster.address]
         common += ["--cpus-per-trial", "1", "--max-failures", str(max_failures), "--no-report", "--results-every", "0"]
         exports = {}
