@@ -17,10 +17,11 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import _session_pids, run_logged, smoke_cmd
+from conftest import run_logged, smoke_cmd
 
 from ablate.service.records.rundir import DRIVER_LOCK
 from ablate.service.records.store.flock import LockHeld, PidLock, lock_holder
+from benchmarks.ray_nodes import node_processes
 
 REPORTS = 8
 STEPS = 5 * REPORTS
@@ -182,9 +183,9 @@ def test_a_second_ctrl_c_still_ends_every_process_of_the_run(tmp_path, ablate_cl
             time.sleep(0.2)
         code = proc.wait(timeout=10)
         deadline = time.time() + 30
-        while _session_pids(proc.pid) and time.time() < deadline:
+        while node_processes(proc.pid) and time.time() < deadline:
             time.sleep(0.2)
-        left = {pid: _cmdline(pid) for pid in _session_pids(proc.pid)}
+        left = {pid: _cmdline(pid) for pid in node_processes(proc.pid)}
     finally:
         _stop(proc)
     out = log.read_text()

@@ -8,7 +8,9 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import _session_pids, smoke_cmd
+from conftest import smoke_cmd
+
+from benchmarks.ray_nodes import node_processes
 
 pytestmark = pytest.mark.ray  # `ablate run` in a subprocess
 
@@ -29,7 +31,7 @@ def test_no_dashboard_runs_the_grid_without_starting_ray_dashboard(tmp_path):
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.time() + 300
         while proc.poll() is None and time.time() < deadline:
-            seen.update(_cmdline(pid) for pid in _session_pids(proc.pid))
+            seen.update(_cmdline(pid) for pid in node_processes(proc.pid))
             time.sleep(0.2)
         if proc.poll() is None:
             proc.kill()
