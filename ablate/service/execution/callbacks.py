@@ -11,6 +11,7 @@ from ray.tune import Callback
 
 from ablate.service.execution.results import split_reports
 from ablate.service.execution.retries import Retries, error_line, failure_reason, last_failure
+from ablate.service.records.outcome import full_in_text
 from ablate.service.records.record import TrialRecord, own_record, trial_records
 from ablate.service.records.trial import record_of
 from ablate.service.records.trial_log import ERROR_KEY, finished, seconds_of
@@ -132,10 +133,11 @@ class ResultLog(Callback):
         if self._retries is not None:
             self._retries.ray_retried(record["id"], failure_reason(text))
         limit = int(getattr(trial, "max_failures", 0)) + 1
-        _log.warning(
-            "trial %s failed (%s): retried from its checkpoint, failure %d of at most %d",
-            record["id"], error_line(text), int(getattr(trial, "num_failures", 1) or 1), limit,
-        )  # fmt: skip
+        if full_in_text(text or "") is None:  # a full disk is said once, by the runner
+            _log.warning(
+                "trial %s failed (%s): retried from its checkpoint, failure %d of at most %d",
+                record["id"], error_line(text), int(getattr(trial, "num_failures", 1) or 1), limit,
+            )  # fmt: skip
 
     def on_trial_error(self, iteration, trials, trial, **info):
         """A trial that failed for good in this driver (Ray retries it no more): one line, and its error beside its
@@ -148,7 +150,8 @@ class ResultLog(Callback):
         failures = int(getattr(trial, "num_failures", 1) or 1)  # Tune's count: the first failure and each retry's
         self.failed[record["id"]] = (failures, text)
         line = error_line(text)
-        _log.warning("trial %s failed %d time(s), not retried by Ray: %s", record["id"], failures, line)
+        if full_in_text(text or "") is None:  # a full disk is said once, by the runner
+            _log.warning("trial %s failed %d time(s), not retried by Ray: %s", record["id"], failures, line)
         self._check()
         for member in _records(trial):
             self._marked.add(str(member.folder))

@@ -27,6 +27,7 @@ __all__ = [
     "TrialOutcome",
     "collect_outcome",
     "full_disk",
+    "full_in_text",
     "retry_line",
     "storage_full_message",
     "summary_rows",
@@ -61,7 +62,7 @@ def storage_full_message(exc: OSError | None, run_dir: str) -> str:
     )
 
 
-def _full_in_text(text: str) -> OSError | None:
+def full_in_text(text: str) -> OSError | None:
     """The full disk a trial's error names in its text (Ray hands a trial's error back as its traceback's text, or
     wrapped without the OSError's errno): ``cannot write FILE (No space left on device)``."""
     for code in _FULL:
@@ -149,7 +150,7 @@ def collect_outcome(
         message = f"{type(error).__name__}: {error}" if error is not None else state.get("error")
         outcome.trials.append(TrialOutcome(trial_id, _label(params, grid), status, params, last, message))
     for error in errors.values():
-        full = full_disk(error) or _full_in_text(str(error))
+        full = full_disk(error) or full_in_text(str(error))
         if full is not None:
             outcome.storage_full = storage_full_message(full, run_dir)
             break
