@@ -145,12 +145,22 @@ class TwoNodeCluster:
 class Killer(threading.Thread):
     """Every ``every`` seconds SIGKILL one random trial process; at the kills numbered in ``node_kills`` (1-based)
     kill the cluster's worker node instead and start it again ``down_s`` seconds later. The clock starts once
-    ``ready()`` says so (e.g. :func:`worker_reported`: a trial runs on the worker node, so that its loss is felt)."""
+    ``ready()`` says so (e.g. :func:`worker_reported`: a trial runs on the worker node, so that its loss is felt);
+    ``max_events`` (None: no limit) ends the killing after that many kills (a test's bound: a lone last trial killed
+    more often than its process starts never finishes)."""
 
     def __init__(
-        self, cluster: TwoNodeCluster, every: float, node_kills=(3,), down_s: float = 3.0, seed: int = 0, ready=None
+        self,
+        cluster: TwoNodeCluster,
+        every: float,
+        node_kills=(3,),
+        down_s: float = 3.0,
+        seed: int = 0,
+        ready=None,
+        max_events: int | None = None,
     ):
         super().__init__(daemon=True)
+        self.max_events = max_events
         self.cluster, self.every, self.node_kills, self.down_s = cluster, every, set(node_kills), down_s
         self.ready = ready or (lambda: True)
         self.rng = random.Random(seed)
@@ -166,6 +176,8 @@ class Killer(threading.Thread):
                     return
             events = 0
             while not self.stopped.wait(self.every):
+                if self.max_events is not None and events >= self.max_events:
+                    return
                 events += 1
                 if events in self.node_kills:
                     self.cluster.kill_worker()
