@@ -204,9 +204,53 @@ class Killer(threading.Thread):
             raise RuntimeError(f"the chaos killer failed: {self.error!r}") from self.error
 
 
-def worker_reported(run_dir: str):
+#: A job that reserves the head's CPU (a placement group, so no worker process) until its stdin closes.
+_HOLD_HEAD = """
+import sys, ray
+from ray.util.placement_group import placement_group, remove_placement_group
+ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
+pg = placement_group([{"CPU": 1, "node:__internal_head__": 0.001}])
+ray.get(pg.ready(), timeout=120)
+print("held", flush=True)
+sys.stdin.read()
+remove_placement_group(pg)
+"""
+
+
+class HeadHold:
+    """The head's CPU held by a placement group until :meth:`release`: the grid's first trial runs on the worker
+    node (otherwise Tune, which reuses a finished trial's actor, can run the whole grid on the head while the worker
+    node starts its first actor)."""
+
+    def __init__(self, cluster: TwoNodeCluster, log_path: Path, timeout: float = 150):
+        self.log_path = log_path
+        with log_path.open("w") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", _HOLD_HEAD, cluster.address], stdin=subprocess.PIPE, stdout=log,
+                stderr=subprocess.STDOUT, env=cluster.env, start_new_session=True,
+            )  # fmt: skip
+        deadline = time.time() + timeout
+        while "held" not in log_path.read_text():
+            if self.proc.poll() is not None or time.time() > deadline:
+                self.close()
+                raise RuntimeError(f"the head could not be held:\n{log_path.read_text()[-3000:]}")
+            time.sleep(0.2)
+
+    def release(self) -> None:
+        """Free the head's CPU for trials."""
+        if self.proc.stdin is not None and not self.proc.stdin.closed:
+            self.proc.stdin.close()
+
+    def close(self) -> None:
+        self.release()
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+
+def worker_reported(run_dir: str, then=None):
     """A ``ready()`` for :class:`Killer`: whether a report in ``run_dir`` (local or a bucket) came from the worker
-    node (Tune's ``node_ip``)."""
+    node (Tune's ``node_ip``); ``then()`` is called once it has (e.g. :meth:`HeadHold.release`)."""
     from ablate.service.records.rundir import RESULT_FILE
     from ablate.service.records.store import as_store
 
@@ -217,6 +261,8 @@ def worker_reported(run_dir: str):
         for name in store.list(dirs=True):
             data = store.read_log(f"{name}/{RESULT_FILE}") or b""
             if f'"node_ip": "{WORKER_IP}"'.encode() in data:
+                if then is not None:
+                    then()
                 return True
         return False
 

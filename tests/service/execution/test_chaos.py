@@ -1,8 +1,9 @@
 """Chaos on a real multi-node Ray cluster (issue 46): a head and a worker node started with `ray start` on this
 machine (one CPU each; the worker on 127.0.0.2), a grid of 16 short trials run with `ablate run --address` into
 object storage (an S3 server the test starts on 127.0.0.1: the nodes share no folder, as on a cloud cluster), and
-a killer that, once the worker node has reported, SIGKILLs a random trial process every 4 s and, at its second
-kill, the whole worker node (four kills in all) (raylet, agents,
+a killer that, once the worker node has reported (the head's CPU is held until then, so the first trial runs
+there), SIGKILLs a random trial process every 2 s and, at its second
+kill, the whole worker node (three kills in all, the first two while the worker node's first trial runs) (raylet, agents,
 trial processes, as when a spot machine is taken back), which it then starts again.
 
 One command finishes the grid: `ablate run` exits 0, every trial finishes, every report is in its log once, the
@@ -24,6 +25,7 @@ from ablate.service.records.store import as_store
 from benchmarks.chaos import (
     SCIENCE,
     WORKER_IP,
+    HeadHold,
     Killer,
     TwoNodeCluster,
     chaos_grid,
@@ -38,10 +40,10 @@ s3_query = s3_server.s3_query  # the module's S3 server (a fixture)
 TRIALS = 16
 REPORT_EVERY = 40
 REPORTS = 8
-KILL_EVERY_S = 4.0
-#: the killer's events: 3 trial processes and, second, the worker node (unbounded, a lone last trial killed every few
+KILL_EVERY_S = 2.0
+#: the killer's events: 2 trial processes and, second, the worker node (unbounded, a lone last trial killed every few
 #: seconds, sooner than its process starts, would use all its failures)
-KILLS = 4
+KILLS = 3
 
 
 def _loopback_alias_works() -> bool:
@@ -95,8 +97,13 @@ def test_a_grid_finishes_in_one_command_while_trial_processes_and_a_node_die(s3_
             "--cpus-per-trial", "1", "--max-failures", "10", "--no-report",
             "--results-every", "0",  # each report in the log as it is made: a kill loses at most one
         ]  # fmt: skip
-        killer = Killer(cluster, KILL_EVERY_S, node_kills=(2,), ready=worker_reported(run_dir), max_events=KILLS)
-        code, out, _ = run_ablate(args, tmp_path / "run.log", timeout=600, killer=killer)
+        hold = HeadHold(cluster, tmp_path / "hold.log")  # the first trial runs on the worker node
+        try:
+            ready = worker_reported(run_dir, then=hold.release)
+            killer = Killer(cluster, KILL_EVERY_S, node_kills=(2,), ready=ready, max_events=KILLS)
+            code, out, _ = run_ablate(args, tmp_path / "run.log", timeout=600, killer=killer)
+        finally:
+            hold.close()
     assert killer.node_deaths == 1 and killer.kills >= 1, (killer.kills, killer.node_deaths, out[-3000:])
     assert code == 0, out[-3000:]
     assert f"summary ({TRIALS} trials" in out
