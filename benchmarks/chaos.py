@@ -134,11 +134,12 @@ class TwoNodeCluster:
         for node in (self.head, self.worker):
             for pid in node_processes(node.proc.pid) if node is not None else []:
                 try:
-                    cmd = psutil.Process(pid).cmdline()
+                    proc = psutil.Process(pid)
+                    cmd = proc.cmdline()
                 except psutil.Error:
                     continue
                 if cmd and cmd[0].startswith("ray::") and "Trainable" in cmd[0]:
-                    out.append(psutil.Process(pid))
+                    out.append(proc)
         return out
 
 

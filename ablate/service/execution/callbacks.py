@@ -132,12 +132,11 @@ class ResultLog(Callback):
         text = _last_error(trial)
         if self._retries is not None:
             self._retries.ray_retried(record["id"], failure_reason(text))
-        limit = int(getattr(trial, "max_failures", 0)) + 1
-        if full_in_text(text or "") is None:  # a full disk is said once, by the runner
-            _log.warning(
-                "trial %s failed (%s): retried from its checkpoint, failure %d of at most %d",
-                record["id"], error_line(text), int(getattr(trial, "num_failures", 1) or 1), limit,
-            )  # fmt: skip
+        _say(
+            text, "trial %s failed (%s): retried from its checkpoint, failure %d of at most %d",
+            record["id"], error_line(text), int(getattr(trial, "num_failures", 1) or 1),
+            int(getattr(trial, "max_failures", 0)) + 1,
+        )  # fmt: skip
 
     def on_trial_error(self, iteration, trials, trial, **info):
         """A trial that failed for good in this driver (Ray retries it no more): one line, and its error beside its
@@ -150,12 +149,17 @@ class ResultLog(Callback):
         failures = int(getattr(trial, "num_failures", 1) or 1)  # Tune's count: the first failure and each retry's
         self.failed[record["id"]] = (failures, text)
         line = error_line(text)
-        if full_in_text(text or "") is None:  # a full disk is said once, by the runner
-            _log.warning("trial %s failed %d time(s), not retried by Ray: %s", record["id"], failures, line)
+        _say(text, "trial %s failed %d time(s), not retried by Ray: %s", record["id"], failures, line)
         self._check()
         for member in _records(trial):
             self._marked.add(str(member.folder))
             member.write_error(line, failures, trace=last_failure(text))
+
+
+def _say(error_text: str | None, message: str, *args: Any) -> None:
+    """A trial's failure in one warning line, unless it is a full disk, which the runner says once for the run."""
+    if full_in_text(error_text or "") is None:
+        _log.warning(message, *args)
 
 
 def _last_error(trial) -> str | None:

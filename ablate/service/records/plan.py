@@ -85,11 +85,10 @@ class Plan:
         trials = {t for u in kept for t in u[RECORD_KEY].get("members", [u[RECORD_KEY]["id"]])}
         return Plan(
             self.points,
-            reused=[t for t in self.reused if t in trials],
             continued=[t for t in self.continued if t in trials],
             started=[t for t in self.started if t in trials],
             units=kept,
-            kept_packs=sum(1 for u in kept if "members" in u[RECORD_KEY]),
+            kept_packs=sum(1 for u in kept if "members" in u[RECORD_KEY] and u[RECORD_KEY]["id"] not in self.new_packs),
             params=[p for p in self.params if p.trial_id in trials],
             new_packs={k: v for k, v in self.new_packs.items() if k in units},
             cuts={k: v for k, v in self.cuts.items() if k in trials},
