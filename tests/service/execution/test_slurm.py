@@ -26,7 +26,9 @@ from ablate.service.records.store.flock import PidLock
 
 pytestmark = pytest.mark.ray
 
-STEPS, EVERY = 1000, 10
+# 4000 steps a trial, a report every 40: about 8 s of training a trial on an idle 2-core box (1000 steps took 2-3 s,
+# so the whole grid could end within the test's reaction to a count, its 0.5 s polls and the driver's stop).
+STEPS, EVERY = 4000, 40
 REPORTS = STEPS // EVERY
 TRIALS = 4  # batch_vs_dim at smoke scale
 
@@ -157,7 +159,7 @@ def test_a_requeued_job_resumes_with_nothing_lost_or_repeated(slurm, tmp_path):
     watch.until(lambda: "requeueing job" in watch.text(), "the script to requeue the job")
     assert "ablate run ended with exit code 143" in watch.text()
     first = _count(run_dir)
-    assert first < total, "the grid ended before the time-limit warning: nothing to resume"
+    assert first < total, f"the grid ended before the time-limit warning: nothing to resume ({first} of {total} reports)"
 
     # 2. an earlier driver still holds the run's lock when the job starts again: the start waits for it
     lock = PidLock(run_dir / DRIVER_LOCK)
@@ -171,7 +173,8 @@ def test_a_requeued_job_resumes_with_nothing_lost_or_repeated(slurm, tmp_path):
     # 3. scontrol requeue mid-grid (SIGTERM to every process of the job, SIGKILL after KillWait)
     watch.until(lambda: _count(run_dir) >= first + total // 10, "the resumed run's reports")
     second = _count(run_dir)
-    assert second < total, "the grid ended before the requeue: nothing to resume"
+    assert second < total, f"the grid ended before the requeue: nothing to resume ({first} reports at the time-limit " \
+        f"warning, {second} of {total} at the requeue)"
     subprocess.run(["scontrol", "requeue", job_id], check=True)
     watch.restart_now(2)
 
