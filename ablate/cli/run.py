@@ -86,6 +86,29 @@ def size_line(grid, args: argparse.Namespace, pack: int) -> str:
     return line
 
 
+def sampler_note(grid, gpus_per_trial: float | None) -> str | None:
+    """A note when trials ask for a GPU but draw positives with ``sampler: adaptive`` (the default, the papers'
+    rejection rounds, which read the host several times a batch and idle the card); None otherwise."""
+    if not gpus_per_trial:
+        return None
+    n = sum(
+        t.config.sampler == "adaptive" and t.config.conditional == "normal" and t.config.threshold is not None
+        for t in grid.trials
+    )  # a normal conditional without a threshold, or a vMF one, draws without rejection
+    if not n:
+        return None
+    how = (
+        "add --set sampler=fixed"
+        if n == grid.n_trials  # --set reaches every trial; a vMF conditional refuses the fixed sampler
+        else "give their variants sampler: fixed (--set would reach the grid's other trials too)"
+    )
+    return (
+        f"{grid.name}: note: {n} of {grid.n_trials} trials ask for a GPU and draw positives with sampler: adaptive, "
+        f"whose rejection rounds read the host several times a batch; on a card {how} "
+        "(the same law, no host reads: docs/reproduction.md#the-fixed-shape-sampler)"
+    )
+
+
 def _print_plan(grid: str, plan) -> None:
     """``<grid>: N points: a reused, b continued, c started``, and which points train solo under ``--pack``."""
     print(f"{grid}: {plan.summary()}", flush=True)
@@ -122,6 +145,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     for grid in grids:  # every grid's checks (pack, plugins, sampler, memory), once, before the first starts
         runs.append(check_run(grid, options))
         print(size_line(grid, args, runs[-1].pack), flush=True)
+        note = sampler_note(grid, options.gpus_per_trial)
+        if note:
+            print(note, flush=True)
     codes = []
     with run_signals() as signals:  # SIGTERM as Ctrl-C; a run a signal stopped leaves no Ray process behind
         for i, (name, run) in enumerate(zip(names, runs)):

@@ -5,7 +5,9 @@
 2. `ablate run` / `ablate slurm` options outside what they allow (--cpus-per-trial 0, --keep-checkpoints 0,
    --max-concurrent 0, --max-failures -1, --name '') are argparse errors (exit 2) and nothing is written;
 3. `ablate export` of a run no trial of which has reported says so (exit 1) and writes no file;
-4. `ablate status RUN | head -1` ends quietly (exit 141 when head left first; no BrokenPipeError traceback).
+4. `ablate status RUN | head -1` ends quietly (exit 141 when head left first; no BrokenPipeError traceback);
+5. a grid whose trials ask for a GPU with the default (adaptive) sampler gets one note line naming
+   `--set sampler=fixed`.
 
 Refusals run in this process (tests/conftest.py's ``ablate_cli``); the closed-pipe tests need a process of their own,
 and one of them runs the installed `ablate` console script.
@@ -346,3 +348,27 @@ def test_show_prints_a_long_description_cut_to_one_readable_line(tmp_path, capsy
     (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("description: ")]
     assert line.endswith("… (2,000,000 characters in all; the grid file holds the rest)")
     assert len(line) < SHOWN_DESCRIPTION + 100
+
+
+def test_a_gpu_run_with_the_adaptive_sampler_gets_one_note_naming_the_fixed_sampler(tmp_path):
+    from ablate.cli.run import sampler_note
+    from ablate.service.execution.options import build_options
+    from ablate.service.specs.resolve import resolve_grid
+
+    def grid(name, *settings):
+        return resolve_grid(name, build_options(scale="smoke", settings=list(settings) or None))
+
+    note = sampler_note(grid("batch_vs_dim"), 0.5)
+    assert note.startswith("batch_vs_dim: note: 4 of 4 trials ask for a GPU") and "add --set sampler=fixed" in note
+    assert "\n" not in note
+    assert sampler_note(grid("batch_vs_dim"), None) is None and sampler_note(grid("batch_vs_dim"), 0.0) is None
+    assert sampler_note(grid("batch_vs_dim", "sampler=fixed"), 1.0) is None
+    assert sampler_note(grid("zimmermann_sphere"), 1.0) is None  # vMF, or normal without a threshold: no rejection
+    mixed = tmp_path / "mixed.yaml"
+    mixed.write_text(
+        "name: mixed\nbase: {latent_dim: 4, batch_size: 16, encoder_widths: [2, 2], generator_cond_samples: 200}\n"
+        "variants:\n  - {name: normal}\n  - {name: vmf, conditional: vmf, kappa: 1.0}\nseeds: [0]\n"
+        "stop: {max_steps: 10}\nscales: {smoke: {}, laptop: {}, paper: {}}\n"
+    )
+    note = sampler_note(grid(str(mixed)), 1.0)
+    assert note.startswith("mixed: note: 1 of 2 trials") and "give their variants sampler: fixed" in note
