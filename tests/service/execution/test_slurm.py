@@ -159,7 +159,9 @@ def test_a_requeued_job_resumes_with_nothing_lost_or_repeated(slurm, tmp_path):
     watch.until(lambda: "requeueing job" in watch.text(), "the script to requeue the job")
     assert "ablate run ended with exit code 143" in watch.text()
     first = _count(run_dir)
-    assert first < total, f"the grid ended before the time-limit warning: nothing to resume ({first} of {total} reports)"
+    assert first < total, (
+        f"the grid ended before the time-limit warning: nothing to resume ({first} of {total} reports)"
+    )
 
     # 2. an earlier driver still holds the run's lock when the job starts again: the start waits for it
     lock = PidLock(run_dir / DRIVER_LOCK)
@@ -173,8 +175,10 @@ def test_a_requeued_job_resumes_with_nothing_lost_or_repeated(slurm, tmp_path):
     # 3. scontrol requeue mid-grid (SIGTERM to every process of the job, SIGKILL after KillWait)
     watch.until(lambda: _count(run_dir) >= first + total // 10, "the resumed run's reports")
     second = _count(run_dir)
-    assert second < total, f"the grid ended before the requeue: nothing to resume ({first} reports at the time-limit " \
+    assert second < total, (
+        f"the grid ended before the requeue: nothing to resume ({first} reports at the time-limit "
         f"warning, {second} of {total} at the requeue)"
+    )
     subprocess.run(["scontrol", "requeue", job_id], check=True)
     watch.restart_now(2)
 
