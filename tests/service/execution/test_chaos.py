@@ -2,9 +2,8 @@
 machine (one CPU each; the worker on 127.0.0.2), a grid of 16 short trials run with `ablate run --address` into
 object storage (an S3 server the test starts on 127.0.0.1: the nodes share no folder, as on a cloud cluster), and
 a killer that, once the worker node has reported (the head's CPU is held until then, so the first trial runs
-there), SIGKILLs a random trial process every 2 s and, at its second
-kill, the whole worker node (three kills in all, the first two while the worker node's first trial runs) (raylet, agents,
-trial processes, as when a spot machine is taken back), which it then starts again.
+there), SIGKILLs a random trial process every 2 s and, at its second kill, the whole worker node (raylet, agents,
+trial processes, as when a spot machine is taken back), which it then starts again: three kills in all.
 
 One command finishes the grid: `ablate run` exits 0, every trial finishes, every report is in its log once, the
 trials of the lost node and the killed processes continue from their checkpoints (at most the one report whose
